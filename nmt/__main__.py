@@ -1,0 +1,5 @@
+import sys
+
+from nmt.cli import main
+
+sys.exit(main())

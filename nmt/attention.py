@@ -1,0 +1,181 @@
+"""Attention scorers behind one interface, shared by the RNN and the Transformer.
+
+A scorer turns queries and keys into logits; everything else (masking, softmax, dropout,
+the weighted sum of values) is done once, in ``Scorer.attend``:
+
+    weights = softmax(score(q, k) masked),  context = weights @ values
+
+``prepare_keys`` does the key-side work once per sentence so that decoding steps reuse it.
+Scorers keep no state between calls. Adding a scorer = one subclass + one ``SCORERS`` entry.
+All tensors may carry extra leading dims (heads): queries (..., T, Dq), keys (..., S, Dk).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.errors import NMTError
+
+
+class Scorer(nn.Module):
+    """Base class: subclasses implement ``score`` and, if they have key-side work, ``prepare_keys``."""
+
+    def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
+        super().__init__()
+        self.query_dim, self.key_dim = query_dim, key_dim
+
+    def prepare_keys(self, keys: Tensor) -> Tensor:
+        """(..., S, Dk) -> (..., S, D') key-side projection, computed once per sentence."""
+        return keys
+
+    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        """(..., T, Dq), prepared keys (..., S, D') -> logits (..., T, S)."""
+        raise NotImplementedError
+
+    def attend(
+        self,
+        query: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor | None,
+        dropout: float = 0.0,
+        need_weights: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Masked attention: (..., T, Dq), prepared keys (..., S, D'), values (..., S, Dv),
+        mask broadcastable to (..., T, S), True = may attend -> context (..., T, Dv) and
+        weights (..., T, S) (None when not needed and the scorer can skip them)."""
+        logits = self.score(query, keys)
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(logits, dim=-1)
+        context = F.dropout(weights, dropout, self.training) @ values
+        return context, weights
+
+
+class AdditiveScorer(Scorer):
+    """Bahdanau et al. (2015), eq. (6) of appendix A.1.2: e = v^T tanh(W q + U k).
+
+    The broadcast sum materialises a (..., T, S, A) tensor, which is the cost of this scorer.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
+        super().__init__(query_dim, key_dim, hidden_dim)
+        self.query_proj = nn.Linear(query_dim, hidden_dim, bias=False)  # W
+        self.key_proj = nn.Linear(key_dim, hidden_dim, bias=False)  # U
+        self.v = nn.Linear(hidden_dim, 1, bias=False)
+
+    def prepare_keys(self, keys: Tensor) -> Tensor:
+        return self.key_proj(keys)  # (..., S, A)
+
+    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        q = self.query_proj(query).unsqueeze(-2)  # (..., T, 1, A)
+        return self.v(torch.tanh(q + keys.unsqueeze(-3))).squeeze(-1)  # (..., T, S)
+
+
+class DotScorer(Scorer):
+    """Luong et al. (2015), eq. (8) "dot": score = q^T k. Needs query_dim == key_dim."""
+
+    def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
+        super().__init__(query_dim, key_dim, hidden_dim)
+        if query_dim != key_dim:
+            raise NMTError(f"{type(self).__name__} needs query_dim == key_dim, "
+                           f"got {query_dim} and {key_dim}")
+
+    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        return query @ keys.transpose(-1, -2)  # (..., T, S)
+
+
+class GeneralScorer(Scorer):
+    """Luong et al. (2015), eq. (8) "general": score = q^T W k (bilinear)."""
+
+    def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
+        super().__init__(query_dim, key_dim, hidden_dim)
+        self.key_proj = nn.Linear(key_dim, query_dim, bias=False)  # W
+
+    def prepare_keys(self, keys: Tensor) -> Tensor:
+        return self.key_proj(keys)  # (..., S, Dq)
+
+    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        return query @ keys.transpose(-1, -2)  # (..., T, S)
+
+
+class ScaledDotScorer(DotScorer):
+    """Vaswani et al. (2017), eq. (1): score = q^T k / sqrt(d).
+
+    Without a request for weights it runs torch's fused ``scaled_dot_product_attention``,
+    which never materialises the (T, S) weights.
+    """
+
+    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        return super().score(query, keys) / math.sqrt(query.size(-1))
+
+    def attend(self, query, keys, values, mask, dropout=0.0, need_weights=True):
+        if need_weights:
+            return super().attend(query, keys, values, mask, dropout, need_weights)
+        context = F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=mask, dropout_p=dropout if self.training else 0.0
+        )
+        return context, None
+
+
+SCORERS: dict[str, type[Scorer]] = {
+    "additive": AdditiveScorer,
+    "dot": DotScorer,
+    "general": GeneralScorer,
+    "scaled_dot": ScaledDotScorer,
+}
+
+
+def build_scorer(name: str, query_dim: int, key_dim: int, hidden_dim: int) -> Scorer:
+    if name not in SCORERS:
+        raise NMTError(f"unknown attention '{name}'; choose one of: {', '.join(SCORERS)}")
+    return SCORERS[name](query_dim, key_dim, hidden_dim)
+
+
+class MultiHeadAttention(nn.Module):
+    """Vaswani et al. (2017), section 3.2.2: project to H heads, attend per head with the
+    configured scorer, concatenate, project back. Works incrementally: ``project_keys``
+    gives the per-head (prepared keys, values) of new positions, which a decoder can cache
+    and concatenate step by step."""
+
+    def __init__(self, scorer: str, d_model: int, heads: int, dropout: float):
+        super().__init__()
+        if d_model % heads:
+            raise NMTError(f"d_model {d_model} is not divisible by heads {heads}")
+        self.heads, self.head_dim, self.dropout = heads, d_model // heads, dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.scorer = build_scorer(scorer, self.head_dim, self.head_dim, self.head_dim)
+
+    def _split(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def project_keys(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S, D) -> prepared keys (B, H, S, D') and values (B, H, S, Dh)."""
+        keys = self.scorer.prepare_keys(self._split(self.k_proj(x)))
+        return keys, self._split(self.v_proj(x))
+
+    def forward(
+        self,
+        query: Tensor,
+        keys_values: tuple[Tensor, Tensor],
+        mask: Tensor | None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """(B, T, D), output of ``project_keys``, mask (B, 1|T, S) -> (B, T, D), weights
+        (B, H, T, S) or None."""
+        keys, values = keys_values
+        q = self._split(self.q_proj(query))  # (B, H, T, Dh)
+        mask = mask.unsqueeze(1) if mask is not None else None  # (B, 1, 1|T, S)
+        dropout = self.dropout if self.training else 0.0
+        context, weights = self.scorer.attend(q, keys, values, mask, dropout, need_weights)
+        b, _, t, _ = context.shape
+        context = context.transpose(1, 2).reshape(b, t, -1)  # (B, T, D)
+        return self.out_proj(context), weights

@@ -1,0 +1,177 @@
+"""Command line: ``nmt train | translate | evaluate``. Thin: parse, call, print.
+
+Errors a user can fix (bad input, missing files, unknown names) end with one line on stderr
+and exit status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from nmt.errors import NMTError
+
+# Named training flags -> the config key they set.
+TRAIN_FLAGS = {
+    "run_dir": "run_dir",
+    "max_epochs": "trainer.max_epochs",
+    "max_time": "trainer.max_time",
+    "train_lines": "data.train_lines",
+    "attention": "model.attention",
+    "src_lang": "data.src_lang",
+    "tgt_lang": "data.tgt_lang",
+    "seed": "seed",
+}
+
+
+def dotted_overrides(extra: list[str]) -> list[str]:
+    """``--a.b v``, ``--a.b=v`` and ``a.b=v`` -> ["a.b=v", ...]."""
+    out, i = [], 0
+    while i < len(extra):
+        arg = extra[i]
+        if arg.startswith("--") and "=" in arg:
+            out.append(arg[2:])
+        elif arg.startswith("--") and i + 1 < len(extra):
+            out.append(f"{arg[2:]}={extra[i + 1]}")
+            i += 1
+        elif "=" in arg and not arg.startswith("-"):
+            out.append(arg)
+        else:
+            raise NMTError(f"cannot read option '{arg}'; use --section.key VALUE or section.key=VALUE")
+        i += 1
+    return [key.replace("-", "_") + "=" + value for key, value in (o.split("=", 1) for o in out)]
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
+    from nmt.config import load_config
+    from nmt.training import train
+
+    overrides = [f"{key}={getattr(args, flag)}" for flag, key in TRAIN_FLAGS.items()
+                 if getattr(args, flag) is not None]
+    config = load_config(args.config, overrides + dotted_overrides(extra))
+    run_dir = train(config)
+    print(f"run directory: {run_dir}")
+
+
+def read_lines(path: str | None) -> list[str]:
+    """Input lines as text; a line that is not UTF-8 is an error naming it."""
+    if path is not None and not Path(path).is_file():
+        raise NMTError(f"input file not found: {path}")
+    raw = Path(path).read_bytes() if path else sys.stdin.buffer.read()
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    text = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            text.append(line.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as err:
+            raise NMTError(f"line {number} is not valid UTF-8 (byte {err.start})") from None
+    return text
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write a whole file atomically, so an existing file is never left truncated."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    from nmt.translator import Translator
+
+    lines = read_lines(args.input)
+    translator = Translator.from_run_dir(args.checkpoint, args.device)
+    results = translator.translate(lines, args.beam, args.nbest, args.alpha)
+    if args.nbest > 1:  # Moses n-best format
+        rows = [f"{i} ||| {t.text} ||| {t.score:.4f}" for i, hyps in enumerate(results) for t in hyps]
+    else:
+        rows = [hyps[0].text for hyps in results]
+    output = "".join(row + "\n" for row in rows)
+    if args.output:
+        write_text(args.output, output)
+    else:
+        sys.stdout.write(output)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from nmt.data.corpus import load_corpus
+    from nmt.metrics import score_corpus
+    from nmt.translator import Translator
+
+    translator = Translator.from_run_dir(args.checkpoint, args.device)
+    corpus = load_corpus(translator.config.data)
+    if args.split not in corpus:
+        raise NMTError(f"split '{args.split}' not in the corpus; available: {', '.join(corpus)}")
+    sources, references = corpus[args.split]["src"], corpus[args.split]["tgt"]
+    beam = args.beam or translator.config.decoding.beam_size
+    hyps = [h[0].text for h in translator.translate(list(sources), beam, 1, args.alpha)]
+    scores = score_corpus(hyps, list(references))
+    scores.update(split=args.split, beam=beam)
+    out = Path(args.checkpoint) / "eval"
+    write_text(out / f"{args.split}.beam{beam}.hyp", "".join(h + "\n" for h in hyps))
+    write_text(out / f"{args.split}.beam{beam}.json", json.dumps(scores, indent=2) + "\n")
+    print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
+    print(f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}")
+    print(f"hypotheses and scores written to {out}/")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="nmt", description=__doc__.splitlines()[0])
+    sub = top.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train a model (resumes if the run directory has one)",
+                           epilog="Any config key can be set as --section.key VALUE, "
+                                  "e.g. --trainer.strategy ddp --trainer.devices 2.")
+    train.add_argument("--config", help="YAML config, e.g. configs/transformer.yaml")
+    train.add_argument("--run-dir", help="output folder (default checkpoints/<name>)")
+    train.add_argument("--max-epochs", type=int)
+    train.add_argument("--max-time", help="HH:MM:SS wall-clock limit")
+    train.add_argument("--train-lines", type=int, help="train on the first N lines")
+    train.add_argument("--attention", help="additive | dot | general | scaled_dot")
+    train.add_argument("--src-lang")
+    train.add_argument("--tgt-lang")
+    train.add_argument("--seed", type=int)
+
+    for name, help_text in (("translate", "translate lines from stdin or a file"),
+                            ("evaluate", "BLEU and chrF of a run on a corpus split")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
+        p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
+        p.add_argument("--alpha", type=float, default=None, help="GNMT length penalty")
+        p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+    translate = sub.choices["translate"]
+    translate.add_argument("--input", help="input file (default stdin)")
+    translate.add_argument("--output", help="output file (default stdout)")
+    translate.add_argument("--nbest", type=int, default=1)
+    sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parser().parse_known_args(argv)
+    try:
+        if args.command == "train":
+            cmd_train(args, extra)
+        elif extra:
+            raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
+        elif args.command == "translate":
+            cmd_translate(args)
+        else:
+            cmd_evaluate(args)
+    except NMTError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Typed run configuration: YAML files merged with command-line overrides.
+
+A config is a tree of dataclasses (below). OmegaConf merges the defaults, a YAML
+file and dotted overrides (``trainer.devices=2``), and rejects misspelled keys and
+values of the wrong type. The ``model`` section is free-form here because its keys
+depend on the family; the family's constructor checks them (see ``nmt.models``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from nmt.errors import NMTError
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "multi30k"  # local folder data_dir/<corpus>, else a Hub dataset
+    data_dir: str = "data"
+    hub_dataset: str | None = None  # e.g. "wmt14"; multi30k defaults to bentrevett/multi30k
+    hub_config: str | None = None  # e.g. "de-en" for wmt14
+    train_files: list[str] | None = None  # [source file, target file]: plain text, one per line
+    val_files: list[str] | None = None
+    test_files: list[str] | None = None
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    train_lines: int | None = None  # train on the first N lines only
+    vocab_size: int = 8000  # joint SentencePiece vocabulary
+    max_len: int = 100  # training pairs longer than this (pieces, either side) are dropped
+    max_tokens: int = 4096  # token budget of a training batch (padded source + target)
+    eval_max_tokens: int = 8000  # token budget of a decoding batch
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 5e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    schedule: str = "inverse_sqrt"  # see nmt.training.SCHEDULES
+    warmup_steps: int = 1000  # inverse_sqrt
+    plateau_factor: float = 0.5  # plateau: lr *= factor when validation BLEU stalls
+    plateau_patience: int = 1
+    min_lr: float = 1e-6
+
+
+@dataclass
+class TrainerConfig:
+    """Options handed to ``lightning.Trainer`` (plus early stopping)."""
+
+    max_epochs: int = 30
+    max_steps: int = -1
+    max_time: str | None = None  # HH:MM:SS or DD:HH:MM:SS
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    gradient_clip_val: float = 1.0
+    accumulate_grad_batches: int = 1
+    val_check_interval: Any = 1.0
+    log_every_n_steps: int = 50
+    early_stopping_patience: int = 5  # epochs without a better validation BLEU
+    enable_progress_bar: bool = True
+
+
+@dataclass
+class DecodingConfig:
+    beam_size: int = 5
+    alpha: float = 0.6  # GNMT length penalty exponent; 0 = none
+    max_len_ratio: float = 1.5  # output may be up to ratio * source length + 5 pieces
+    nbest: int = 1
+
+
+@dataclass
+class Config:
+    name: str = "run"
+    seed: int = 1
+    run_dir: str | None = None  # default: see run_dir_of
+    data: DataConfig = field(default_factory=DataConfig)
+    model: dict[str, Any] = field(default_factory=lambda: {"family": "transformer"})
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Defaults <- YAML file <- ``key.sub=value`` overrides, type-checked; returns a ``Config``.
+
+    Raises ``NMTError`` naming the offending key for unknown keys or wrong types.
+    """
+    schema = OmegaConf.structured(Config)
+    layers = []
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise NMTError(f"config file not found: {path}")
+        try:
+            layers.append(OmegaConf.create(yaml.safe_load(path.read_text()) or {}))
+        except yaml.YAMLError as err:
+            raise NMTError(f"{path} is not valid YAML: {err}".splitlines()[0]) from None
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(schema, *layers)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise NMTError(f"bad config: {str(err).splitlines()[0]}") from None
+
+
+def to_dict(config: Config) -> dict:
+    """The config as plain nested dicts and lists, ready for YAML."""
+    return OmegaConf.to_container(OmegaConf.structured(config))
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML, atomically (temporary file, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    os.replace(tmp, path)
+
+
+def run_dir_of(config: Config) -> Path:
+    """``run_dir``, else checkpoints/<name>_<attention>_<src>-<tgt>."""
+    if config.run_dir:
+        return Path(config.run_dir)
+    attention = config.model.get("attention", "default")
+    return Path(f"checkpoints/{config.name}_{attention}_{config.data.src_lang}-{config.data.tgt_lang}")

@@ -1,0 +1,1 @@
+"""Data pipeline: corpus -> joint tokenizer -> cached ids -> length-bucketed batches."""

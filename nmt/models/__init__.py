@@ -1,0 +1,45 @@
+"""Model families by name. A new family: one class with the ``Seq2Seq`` interface + one entry."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torch import nn
+
+from nmt.attention import SCORERS
+from nmt.errors import NMTError
+from nmt.models.rnn import RNNModel
+from nmt.models.transformer import TransformerModel
+
+MODELS: dict[str, type[nn.Module]] = {"rnn": RNNModel, "transformer": TransformerModel}
+
+
+def check_model_config(model_cfg: dict[str, Any]) -> tuple[type[nn.Module], dict[str, Any]]:
+    """The family's class and its keyword arguments, after checking names and types.
+
+    Unknown families, scorers and arguments, and mistyped values fail here, at start-up.
+    """
+    kwargs = dict(model_cfg)
+    family = kwargs.pop("family", None)
+    if family not in MODELS:
+        raise NMTError(f"unknown model family '{family}'; choose one of: {', '.join(MODELS)}")
+    if kwargs.get("attention", next(iter(SCORERS))) not in SCORERS:
+        raise NMTError(f"unknown attention '{kwargs['attention']}'; "
+                       f"choose one of: {', '.join(SCORERS)}")
+    cls = MODELS[family]
+    params = inspect.signature(cls).parameters
+    valid = [name for name in params if name != "vocab_size"]
+    for key, value in kwargs.items():
+        if key not in valid:
+            raise NMTError(f"unknown model option '{key}' for {family}; valid: {', '.join(valid)}")
+        expected = type(params[key].default)
+        if not isinstance(value, expected) and not (expected is float and isinstance(value, int)):
+            raise NMTError(f"model.{key} must be {expected.__name__}, got {value!r}")
+    return cls, kwargs
+
+
+def build_model(model_cfg: dict[str, Any], vocab_size: int) -> nn.Module:
+    """Build the model of a config section ``{family: ..., <constructor arguments>}``."""
+    cls, kwargs = check_model_config(model_cfg)
+    return cls(vocab_size=vocab_size, **kwargs)

@@ -1,0 +1,118 @@
+"""Bahdanau et al. (2015), "Neural Machine Translation by Jointly Learning to Align and Translate".
+
+Encoder: a bidirectional GRU (or LSTM) reads the source; annotation h_j = [->h_j ; <-h_j]
+(section 3.2). Decoder: at step i the previous state s_{i-1} attends over the annotations
+(any scorer) to get the context c_i (eq. 5-6); s_i = GRU([y_{i-1} ; c_i], s_{i-1}) (eq. 4);
+a deep output t_i = tanh(W [s_i ; c_i ; y_{i-1}]) (appendix A.2.2, tanh in place of maxout)
+is scored against the shared, tied embedding matrix.
+
+Sizes: ``hidden_size`` D is both the decoder state and the annotation size (each encoder
+direction has D/2 units), so every scorer, dot-product included, sees queries and keys of
+one size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from nmt.attention import build_scorer
+from nmt.data.tokenizer import PAD
+from nmt.errors import NMTError
+
+RNN_TYPES = {"gru": (nn.GRU, nn.GRUCell), "lstm": (nn.LSTM, nn.LSTMCell)}
+
+
+class RNNModel(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        attention: str = "additive",
+        emb_dim: int = 256,
+        hidden_size: int = 512,
+        attention_dim: int = 512,
+        encoder_layers: int = 1,
+        rnn_type: str = "gru",
+        dropout: float = 0.3,
+        max_positions: int = 1024,
+    ):
+        super().__init__()
+        if rnn_type not in RNN_TYPES:
+            raise NMTError(f"unknown rnn_type '{rnn_type}'; choose one of: {', '.join(RNN_TYPES)}")
+        if hidden_size % 2:
+            raise NMTError(f"hidden_size must be even (two encoder directions), got {hidden_size}")
+        rnn, cell = RNN_TYPES[rnn_type]
+        self.is_lstm = rnn_type == "lstm"
+        self.max_positions = max_positions
+        self.embed = nn.Embedding(vocab_size, emb_dim, padding_idx=PAD)
+        self.encoder = rnn(
+            emb_dim,
+            hidden_size // 2,
+            num_layers=encoder_layers,
+            batch_first=True,
+            bidirectional=True,
+            dropout=dropout if encoder_layers > 1 else 0.0,
+        )
+        self.bridge = nn.Linear(hidden_size, hidden_size)
+        self.scorer = build_scorer(attention, hidden_size, hidden_size, attention_dim)
+        self.cell = cell(emb_dim + hidden_size, hidden_size)
+        self.deep_out = nn.Linear(2 * hidden_size + emb_dim, emb_dim)
+        self.out_bias = nn.Parameter(torch.zeros(vocab_size))
+        self.drop = nn.Dropout(dropout)
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
+        """(B, S) -> annotations (B, S, D), their prepared keys, the mask and s_0 (B, D)."""
+        lengths = src_mask.sum(1).cpu()
+        packed = pack_padded_sequence(
+            self.drop(self.embed(src)), lengths, batch_first=True, enforce_sorted=False
+        )
+        out, final = self.encoder(packed)
+        annotations, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
+        final = final[0] if self.is_lstm else final  # (2 * layers, B, D/2)
+        # s_0 = tanh(W [->h_S ; <-h_1]) from the top layer's two directions.
+        init = torch.tanh(self.bridge(torch.cat([final[-2], final[-1]], dim=-1)))  # (B, D)
+        return {
+            "annotations": annotations,
+            "keys": self.scorer.prepare_keys(annotations),  # once per sentence
+            "mask": src_mask.unsqueeze(1),  # (B, 1, S)
+            "init": init,
+        }
+
+    def init_state(self, memory: dict[str, Tensor]) -> Tensor | tuple[Tensor, Tensor]:
+        init = memory["init"]
+        return (init, torch.zeros_like(init)) if self.is_lstm else init
+
+    def _step(
+        self, prev_emb: Tensor, state, memory: dict[str, Tensor], need_attn: bool
+    ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor], Tensor | None]:
+        """One decoder step: (B, E) previous embedding -> t_i (B, E), new state, attn (B, S)."""
+        query = (state[0] if self.is_lstm else state).unsqueeze(1)  # s_{i-1}: (B, 1, D)
+        context, attn = self.scorer.attend(
+            query, memory["keys"], memory["annotations"], memory["mask"], need_weights=need_attn
+        )
+        context = context.squeeze(1)  # c_i: (B, D)
+        state = self.cell(torch.cat([prev_emb, context], dim=-1), state)
+        s = state[0] if self.is_lstm else state
+        t = torch.tanh(self.deep_out(torch.cat([self.drop(s), context, prev_emb], dim=-1)))
+        return self.drop(t), state, attn.squeeze(1) if attn is not None else None
+
+    def _logits(self, t: Tensor) -> Tensor:
+        return F.linear(t, self.embed.weight, self.out_bias)  # tied output layer
+
+    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing: (B, S), (B, S), (B, T) -> logits (B, T, V)."""
+        memory = self.encode(src, src_mask)
+        state = self.init_state(memory)
+        embedded = self.drop(self.embed(tgt_in))  # (B, T, E)
+        outputs = []
+        for i in range(tgt_in.size(1)):
+            t, state, _ = self._step(embedded[:, i], state, memory, need_attn=False)
+            outputs.append(t)
+        return self._logits(torch.stack(outputs, dim=1))
+
+    def decode_step(self, prev: Tensor, state, memory, need_attn: bool = False):
+        """(B,) previous tokens -> log-probs (B, V), new state, attention (B, S) or None."""
+        t, state, attn = self._step(self.embed(prev), state, memory, need_attn)
+        return torch.log_softmax(self._logits(t), dim=-1), state, attn

@@ -1,0 +1,170 @@
+"""Vaswani et al. (2017), "Attention Is All You Need", with any scorer in every attention.
+
+Pre-norm residual blocks by default (x + f(LN(x)); post-norm LN(x + f(x)) as in the paper
+is one flag away), sinusoidal positions (section 3.5), and one embedding matrix shared by
+source, target and the output layer (section 3.4), possible because the vocabulary is joint.
+Decoding is incremental: each layer caches the prepared keys and values of the positions
+generated so far, and the encoder-side keys/values of every layer are computed once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.attention import MultiHeadAttention
+from nmt.data.tokenizer import PAD
+
+
+def sinusoids(length: int, dim: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...): (length, dim)."""
+    position = torch.arange(length).unsqueeze(1)
+    frequency = torch.exp(torch.arange(0, dim, 2) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)
+    return table
+
+
+class Residual(nn.Module):
+    """A sublayer with its layer norm and dropout, pre-norm or post-norm."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.pre_norm:
+            return x + self.drop(sublayer(self.norm(x)))
+        return self.norm(x + self.drop(sublayer(x)))
+
+
+def feed_forward(d_model: int, ff_dim: int, dropout: float) -> nn.Module:
+    """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+    return nn.Sequential(
+        nn.Linear(d_model, ff_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ff_dim, d_model)
+    )
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, attention: str, d_model: int, heads: int, ff_dim: int, dropout: float,
+                 pre_norm: bool):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(attention, d_model, heads, dropout)
+        self.ff = feed_forward(d_model, ff_dim, dropout)
+        self.res_attn = Residual(d_model, dropout, pre_norm)
+        self.res_ff = Residual(d_model, dropout, pre_norm)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """(B, S, D), mask (B, 1, S) -> (B, S, D)."""
+        x = self.res_attn(x, lambda h: self.self_attn(h, self.self_attn.project_keys(h), mask)[0])
+        return self.res_ff(x, self.ff)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, attention: str, d_model: int, heads: int, ff_dim: int, dropout: float,
+                 pre_norm: bool):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(attention, d_model, heads, dropout)
+        self.cross_attn = MultiHeadAttention(attention, d_model, heads, dropout)
+        self.ff = feed_forward(d_model, ff_dim, dropout)
+        self.res_self = Residual(d_model, dropout, pre_norm)
+        self.res_cross = Residual(d_model, dropout, pre_norm)
+        self.res_ff = Residual(d_model, dropout, pre_norm)
+
+    def forward(self, x, cross_kv, src_mask, self_mask, cache=None, need_attn=False):
+        """x (B, T, D) new positions; cross_kv from ``cross_attn.project_keys``; cache: the
+        (keys, values) of earlier positions or None -> (B, T, D), updated cache, cross-attn
+        weights (B, H, T, S) or None."""
+        cached = {}
+
+        def self_attend(h: Tensor) -> Tensor:
+            keys, values = self.self_attn.project_keys(h)  # (B, H, T, .)
+            if cache is not None:  # incremental: prepend the earlier positions
+                keys, values = torch.cat([cache[0], keys], 2), torch.cat([cache[1], values], 2)
+            cached["kv"] = (keys, values)
+            return self.self_attn(h, (keys, values), self_mask)[0]
+
+        def cross_attend(h: Tensor) -> Tensor:
+            out, cached["attn"] = self.cross_attn(h, cross_kv, src_mask, need_attn)
+            return out
+
+        x = self.res_self(x, self_attend)
+        x = self.res_cross(x, cross_attend)
+        return self.res_ff(x, self.ff), cached["kv"], cached["attn"]
+
+
+class TransformerModel(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        attention: str = "scaled_dot",
+        d_model: int = 256,
+        heads: int = 4,
+        ff_dim: int = 1024,
+        encoder_layers: int = 3,
+        decoder_layers: int = 3,
+        dropout: float = 0.1,
+        pre_norm: bool = True,
+        max_positions: int = 512,
+    ):
+        super().__init__()
+        self.d_model, self.max_positions = d_model, max_positions
+        self.embed = nn.Embedding(vocab_size, d_model, padding_idx=PAD)
+        nn.init.normal_(self.embed.weight, std=d_model**-0.5)
+        self.register_buffer("positions", sinusoids(max_positions, d_model), persistent=False)
+        self.drop = nn.Dropout(dropout)
+        args = (attention, d_model, heads, ff_dim, dropout, pre_norm)
+        self.encoder = nn.ModuleList(EncoderLayer(*args) for _ in range(encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(*args) for _ in range(decoder_layers))
+        # Pre-norm stacks end un-normalised, so each gets a final norm (identity for post-norm).
+        self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.dec_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+
+    def _embed(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """(B, T) -> (B, T, D): scaled embedding + positions start..start+T-1."""
+        positions = self.positions[start : start + tokens.size(1)]
+        return self.drop(self.embed(tokens) * math.sqrt(self.d_model) + positions)
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> dict:
+        """(B, S) -> per-decoder-layer cross keys/values (computed once) and the mask."""
+        mask = src_mask.unsqueeze(1)  # (B, 1, S)
+        x = self._embed(src)
+        for layer in self.encoder:
+            x = layer(x, mask)
+        x = self.enc_norm(x)
+        return {"cross": [layer.cross_attn.project_keys(x) for layer in self.decoder], "mask": mask}
+
+    def init_state(self, memory: dict) -> dict:
+        return {"step": 0, "layers": [None] * len(self.decoder)}
+
+    def _decode(self, x: Tensor, memory: dict, self_mask, caches, need_attn: bool):
+        attn = None
+        new_caches = []
+        for layer, cross_kv, cache in zip(self.decoder, memory["cross"], caches):
+            x, kv, attn = layer(x, cross_kv, memory["mask"], self_mask, cache, need_attn)
+            new_caches.append(kv)
+        return F.linear(self.dec_norm(x), self.embed.weight), new_caches, attn
+
+    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing: (B, S), (B, S), (B, T) -> logits (B, T, V)."""
+        memory = self.encode(src, src_mask)
+        t = tgt_in.size(1)
+        causal = torch.ones(t, t, dtype=torch.bool, device=src.device).tril().unsqueeze(0)
+        caches = [None] * len(self.decoder)
+        logits, _, _ = self._decode(self._embed(tgt_in), memory, causal, caches, False)
+        return logits
+
+    def decode_step(self, prev: Tensor, state: dict, memory: dict, need_attn: bool = False):
+        """(B,) -> log-probs (B, V), state with caches grown by one position, last layer's
+        cross-attention averaged over heads (B, S) or None."""
+        x = self._embed(prev.unsqueeze(1), start=state["step"])  # (B, 1, D)
+        logits, caches, attn = self._decode(x, memory, None, state["layers"], need_attn)
+        state = {"step": state["step"] + 1, "layers": caches}
+        attn = attn.mean(1).squeeze(1) if attn is not None else None  # (B, S)
+        return torch.log_softmax(logits.squeeze(1), dim=-1), state, attn

@@ -1,0 +1,215 @@
+"""Training with Lightning: a thin LightningModule around any ``Seq2Seq`` model, and
+``train(config)``, a plain function that prepares data, builds the model and runs the Trainer.
+
+The run directory holds everything needed later: best.ckpt, last.ckpt, config.yaml,
+spm.model and logs/metrics.csv. Re-running the same command resumes from last.ckpt.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+import yaml
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from nmt.config import Config, DecodingConfig, OptimConfig, run_dir_of, save_config, to_dict
+from nmt.data.batching import Batch
+from nmt.data.module import TranslationDataModule, prepare_data
+from nmt.data.tokenizer import PAD, Tokenizer
+from nmt.errors import NMTError
+from nmt.metrics import bleu_from_statistics, bleu_statistics
+from nmt.models import build_model, check_model_config
+from nmt.search import greedy_search
+
+
+def inverse_sqrt(warmup: int):
+    """Vaswani et al. (2017) eq. (3), relative to the peak lr: linear warm-up, then 1/sqrt(step)."""
+    return lambda step: min((step + 1) / warmup, (warmup / (step + 1)) ** 0.5)
+
+
+SCHEDULES = ("inverse_sqrt", "plateau", "constant")
+
+
+class TranslationModule(L.LightningModule):
+    """Label-smoothed cross-entropy training; validation loss and greedy-decoding BLEU."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer,
+        optim: OptimConfig,
+        decoding: DecodingConfig,
+        val_references: list[str],
+        seed: int,
+    ):
+        super().__init__()
+        self.model, self.tokenizer = model, tokenizer
+        self.optim, self.decoding = optim, decoding
+        self.val_references, self.seed = val_references, seed
+
+    def _loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean token loss over non-pad targets, and the number of such tokens."""
+        logits = self.model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1),
+            batch.tgt_out.flatten(),
+            ignore_index=PAD,
+            label_smoothing=label_smoothing,
+        )
+        return loss, (batch.tgt_out != PAD).sum()
+
+    def on_train_epoch_start(self) -> None:
+        # Dropout draws depend only on (seed, epoch), so a run resumed at an epoch boundary
+        # continues exactly like an uninterrupted one.
+        torch.manual_seed(self.seed + self.current_epoch)
+        self._epoch_start, self._epoch_tokens = time.perf_counter(), 0
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        loss, tokens = self._loss(batch, self.optim.label_smoothing)
+        self._epoch_tokens += int(tokens)
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch.src.size(0))
+        self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=batch.src.size(0))
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        seconds = time.perf_counter() - self._epoch_start
+        self.log("train_tgt_tok_per_s", self._epoch_tokens / max(seconds, 1e-9))
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_hyps, self._val_idx = [], []
+        self._val_loss = torch.zeros(2, device=self.device)  # [loss sum, tokens]
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        loss, tokens = self._loss(batch, 0.0)
+        self._val_loss += torch.stack([loss * tokens, tokens.float()])
+        hyps = greedy_search(self.model, batch.src, batch.src_mask, self.decoding.max_len_ratio)
+        self._val_hyps += self.tokenizer.decode([h.tokens for h in hyps])
+        self._val_idx += batch.idx.tolist()
+
+    def on_validation_epoch_end(self) -> None:
+        refs = [self.val_references[i] for i in self._val_idx]
+        stats = torch.tensor(bleu_statistics(self._val_hyps, refs), device=self.device)
+        # Each rank decoded its share of the set; add counts, then score once.
+        stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
+        val_loss = self.trainer.strategy.reduce(self._val_loss, reduce_op="sum")
+        self.log("val_loss", val_loss[0] / val_loss[1].clamp(min=1), prog_bar=True)
+        self.log("val_bleu", bleu_from_statistics(stats.tolist()), prog_bar=True)
+
+    def configure_optimizers(self):
+        optim = self.optim
+        optimizer = torch.optim.Adam(
+            self.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+            weight_decay=optim.weight_decay,
+        )
+        if optim.schedule == "constant":
+            return optimizer
+        if optim.schedule == "inverse_sqrt":
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(optim.warmup_steps))
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, mode="max", factor=optim.plateau_factor,
+            patience=optim.plateau_patience, min_lr=optim.min_lr,
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val_bleu"}}
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write to a temporary file and rename: a killed run never leaves a truncated checkpoint."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        torch.save(checkpoint, tmp)
+        os.replace(tmp, path)
+
+
+def _max_time(value: str | None) -> str | None:
+    """Accept HH:MM:SS (or DD:HH:MM:SS, Lightning's own form)."""
+    if value is None:
+        return None
+    parts = value.split(":")
+    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
+        raise NMTError(f"--max-time must be HH:MM:SS, got '{value}'")
+    return ":".join(["00"] * (4 - len(parts)) + parts)
+
+
+def _check_resumable(config: Config, run_dir: Path) -> Path | None:
+    """last.ckpt if the run directory holds an earlier run of the same data and model."""
+    last = run_dir / "last.ckpt"
+    saved = run_dir / "config.yaml"
+    if not last.is_file() or not saved.is_file():
+        return None
+    before = yaml.safe_load(saved.read_text())
+    now = to_dict(config)
+    for section in ("data", "model"):
+        if before.get(section) != now[section]:
+            raise NMTError(
+                f"{run_dir} holds a run with a different {section} config; "
+                "choose another --run-dir or delete it"
+            )
+    return last
+
+
+def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
+    t = config.trainer
+    callbacks = [
+        ModelCheckpoint(
+            dirpath=run_dir, filename="best", monitor="val_bleu", mode="max",
+            save_top_k=1, save_last=True, enable_version_counter=False,
+        ),
+        EarlyStopping(monitor="val_bleu", mode="max", patience=t.early_stopping_patience),
+    ]
+    return L.Trainer(
+        default_root_dir=run_dir,
+        max_epochs=t.max_epochs,
+        max_steps=t.max_steps,
+        max_time=_max_time(t.max_time),
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=t.strategy,
+        precision=t.precision,
+        gradient_clip_val=t.gradient_clip_val,
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        val_check_interval=t.val_check_interval,
+        log_every_n_steps=t.log_every_n_steps,
+        enable_progress_bar=t.enable_progress_bar,
+        use_distributed_sampler=False,  # our batch sampler shards batches across ranks itself
+        logger=CSVLogger(run_dir, name="", version="logs"),
+        callbacks=callbacks,
+        plugins=[AtomicCheckpointIO()],
+        num_sanity_val_steps=0,
+    )
+
+
+def train(config: Config) -> Path:
+    """Train (or resume) the configured model; returns the run directory."""
+    check_model_config(config.model)
+    if config.optim.schedule not in SCHEDULES:
+        raise NMTError(f"unknown schedule '{config.optim.schedule}'; choose one of: "
+                       f"{', '.join(SCHEDULES)}")
+    run_dir = run_dir_of(config)
+    resume_from = _check_resumable(config, run_dir)
+    L.seed_everything(config.seed, workers=True, verbose=False)
+    data = prepare_data(config.data)
+    model = build_model(config.model, len(data.tokenizer))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(config, run_dir / "config.yaml")
+    shutil.copyfile(data.tokenizer.model_file, run_dir / "spm.model")
+    module = TranslationModule(
+        model, data.tokenizer, config.optim, config.decoding,
+        list(data.text["val"]["tgt"]), config.seed,
+    )
+    trainer = build_trainer(config, run_dir)
+    trainer.fit(module, datamodule=TranslationDataModule(data, config.data, config.seed),
+                ckpt_path=resume_from)
+    return run_dir

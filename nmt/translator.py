@@ -1,0 +1,116 @@
+"""Load a run directory and translate text with it (used by ``translate`` and ``evaluate``).
+
+Lines are decoded in length-sorted batches under a token budget and returned in input
+order. Empty lines give empty outputs; lines longer than the model allows are truncated
+with a warning on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nmt.config import Config, load_config
+from nmt.data.module import decoding_loader
+from nmt.data.batching import PairDataset
+from nmt.data.tokenizer import Tokenizer
+from nmt.errors import NMTError
+from nmt.models import build_model
+from nmt.search import Hypothesis, beam_search, greedy_search
+
+
+@dataclass
+class Translation:
+    text: str
+    score: float
+    pieces: list[str]  # target pieces, for attention plots
+    attention: torch.Tensor | None = None  # (len(pieces) + 1, S)
+
+
+def find_checkpoint(run_dir: Path) -> Path:
+    for name in ("best.ckpt", "last.ckpt"):
+        if (run_dir / name).is_file():
+            return run_dir / name
+    raise NMTError(f"no best.ckpt or last.ckpt in {run_dir}: is it a training run directory?")
+
+
+class Translator:
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, config: Config):
+        self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str | Path, device: str | None = None) -> Translator:
+        """Model, tokenizer and config from ``run_dir`` (best.ckpt, else last.ckpt)."""
+        run_dir = Path(run_dir)
+        if not run_dir.is_dir():
+            raise NMTError(f"checkpoint directory not found: {run_dir}")
+        config = load_config(run_dir / "config.yaml")
+        tokenizer = Tokenizer(run_dir / "spm.model")
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model = build_model(config.model, len(tokenizer))
+        path = find_checkpoint(run_dir)
+        try:
+            checkpoint = torch.load(path, map_location=device, weights_only=False)
+            state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
+            model.load_state_dict(state)
+        except Exception as err:  # unpickling, missing keys, shape mismatches, ...
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint ({reason})") from None
+        return cls(model.to(device), tokenizer, config)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def translate(
+        self,
+        lines: list[str],
+        beam_size: int | None = None,
+        nbest: int = 1,
+        alpha: float | None = None,
+        need_attn: bool = False,
+    ) -> list[list[Translation]]:
+        """Translate ``lines``; for each its ``nbest`` translations (one empty for an empty line)."""
+        dec = self.config.decoding
+        beam_size = dec.beam_size if beam_size is None else beam_size
+        alpha = dec.alpha if alpha is None else alpha
+        if nbest > beam_size:
+            raise NMTError(f"--nbest {nbest} cannot exceed the beam size {beam_size}")
+        ids = self._encode(lines)
+        results: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in lines]
+        todo = [i for i, seq in enumerate(ids) if seq]
+        loader = decoding_loader(PairDataset([ids[i] for i in todo]), self.config.data.eval_max_tokens)
+        for batch in loader:
+            src = batch.src.to(self.device)
+            mask = batch.src_mask.to(self.device)
+            if beam_size == 1 and not need_attn:
+                found = [[h] for h in greedy_search(self.model, src, mask, dec.max_len_ratio)]
+            else:
+                found = beam_search(
+                    self.model, src, mask, beam_size, alpha, dec.max_len_ratio, nbest, need_attn
+                )
+            for position, hyps in zip(batch.idx.tolist(), found):
+                results[todo[position]] = [self._result(h) for h in hyps]
+        return results
+
+    def _encode(self, lines: list[str]) -> list[list[int]]:
+        """Piece ids per line, cut to what the model accepts (room left for EOS)."""
+        limit = self.model.max_positions - 1
+        ids = self.tokenizer.encode(lines)
+        for number, seq in enumerate(ids, start=1):
+            if len(seq) > limit:
+                print(f"warning: line {number} has {len(seq)} pieces; truncated to {limit}",
+                      file=sys.stderr)
+                del seq[limit:]
+        return ids
+
+    def _result(self, hyp: Hypothesis) -> Translation:
+        return Translation(
+            text=self.tokenizer.decode([hyp.tokens])[0],
+            score=hyp.score,
+            pieces=self.tokenizer.pieces(hyp.tokens),
+            attention=hyp.attention,
+        )
