@@ -60,7 +60,10 @@ def read_lines(path: str | None) -> list[str]:
     """Input lines as text; a line that is not UTF-8 is an error naming it."""
     if path is not None and not Path(path).is_file():
         raise NMTError(f"input file not found: {path}")
-    raw = Path(path).read_bytes() if path else sys.stdin.buffer.read()
+    try:
+        raw = Path(path).read_bytes() if path else sys.stdin.buffer.read()
+    except OSError as err:
+        raise NMTError(f"cannot read {path or 'stdin'}: {err.strerror}") from None
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -76,17 +79,23 @@ def read_lines(path: str | None) -> list[str]:
 def write_text(path: str | Path, text: str) -> None:
     """Write a whole file atomically, so an existing file is never left truncated."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise NMTError(f"output {path} is a directory")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise NMTError(f"cannot write {path}: {err.strerror}") from None
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
     from nmt.translator import Translator
 
-    lines = read_lines(args.input)
     translator = Translator.from_run_dir(args.checkpoint, args.device)
+    lines = read_lines(args.input)
     results = translator.translate(lines, args.beam, args.nbest, args.alpha)
     if args.nbest > 1:  # Moses n-best format
         rows = [f"{i} ||| {t.text} ||| {t.score:.4f}" for i, hyps in enumerate(results) for t in hyps]

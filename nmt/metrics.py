@@ -32,4 +32,5 @@ def bleu_from_statistics(stats: list[float]) -> float:
     if sys_len == 0:
         return 0.0
     counts, totals = [int(x) for x in stats[2:6]], [int(x) for x in stats[6:10]]
-    return BLEU.compute_bleu(counts, totals, int(sys_len), int(ref_len)).score
+    # BLEU() smooths with "exp" by default; compute_bleu must be told to do the same.
+    return BLEU.compute_bleu(counts, totals, int(sys_len), int(ref_len), smooth_method="exp").score

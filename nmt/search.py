@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nmt.data.tokenizer import BOS, EOS
+from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.models.base import Seq2Seq, select_rows
 
 
@@ -28,6 +28,18 @@ class Hypothesis:
 def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
     """GNMT: lp(Y) = ((5 + |Y|) / 6) ^ alpha; alpha = 0 gives 1 (raw log-probability)."""
     return ((5 + length) / 6) ** alpha
+
+
+def restrict(log_probs: Tensor, must_end: Tensor) -> Tensor:
+    """Never emit PAD or BOS; where ``must_end`` (out of length budget) emit only EOS.
+
+    log_probs (..., V) with ``must_end`` broadcastable to its leading dims; changed in place.
+    """
+    log_probs[..., PAD] = float("-inf")
+    log_probs[..., BOS] = float("-inf")
+    log_probs[must_end] = float("-inf")
+    log_probs[must_end, ..., EOS] = 0.0
+    return log_probs
 
 
 def max_output_lengths(src_mask: Tensor, ratio: float, cap: int) -> Tensor:
@@ -49,8 +61,7 @@ def greedy_search(
     done = torch.zeros(batch, dtype=torch.bool, device=src.device)
     for step in range(int(max_lens.max())):
         log_probs, state, _ = model.decode_step(prev, state, memory)
-        log_probs[step >= max_lens - 1, :] = float("-inf")  # out of budget: force EOS
-        log_probs[step >= max_lens - 1, EOS] = 0.0
+        restrict(log_probs, step >= max_lens - 1)
         best, prev = log_probs.max(-1)
         scores += best.masked_fill(done, 0.0)
         tokens.append(prev)
@@ -95,9 +106,7 @@ def beam_search(
         log_probs, state, attn = model.decode_step(prefix[:, -1], state, memory, need_attn)
         vocab = log_probs.size(-1)
         log_probs = log_probs.view(len(alive), k, vocab)
-        out_of_budget = step >= max_lens[alive] - 1  # these sentences must end now
-        log_probs[out_of_budget] = float("-inf")
-        log_probs[out_of_budget, :, EOS] = 0.0
+        restrict(log_probs, step >= max_lens[alive] - 1)
         candidates = (scores.unsqueeze(-1) + log_probs).view(len(alive), k * vocab)
         top_scores, top_ids = candidates.topk(2 * k, dim=-1)  # (n, 2K)
         beam, token = top_ids // vocab, top_ids % vocab

@@ -67,10 +67,12 @@ class TranslationModule(L.LightningModule):
         return loss, (batch.tgt_out != PAD).sum()
 
     def on_train_epoch_start(self) -> None:
-        # Dropout draws depend only on (seed, epoch), so a run resumed at an epoch boundary
-        # continues exactly like an uninterrupted one.
-        torch.manual_seed(self.seed + self.current_epoch)
         self._epoch_start, self._epoch_tokens = time.perf_counter(), 0
+
+    def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        # Dropout draws depend only on (seed, epoch, batch, rank), so a resumed run continues
+        # exactly like an uninterrupted one, whatever else drew random numbers meanwhile.
+        torch.manual_seed(hash((self.seed, self.current_epoch, batch_idx, self.global_rank)))
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         loss, tokens = self._loss(batch, self.optim.label_smoothing)
@@ -164,8 +166,10 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     callbacks = [
         ModelCheckpoint(
             dirpath=run_dir, filename="best", monitor="val_bleu", mode="max",
-            save_top_k=1, save_last=True, enable_version_counter=False,
+            save_top_k=1, enable_version_counter=False,
         ),
+        # Lightning's save_last only writes when "best" does; this one writes every validation.
+        ModelCheckpoint(dirpath=run_dir, filename="last", enable_version_counter=False),
         EarlyStopping(monitor="val_bleu", mode="max", patience=t.early_stopping_patience),
     ]
     return L.Trainer(
@@ -184,7 +188,10 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.enable_progress_bar,
         use_distributed_sampler=False,  # our batch sampler shards batches across ranks itself
-        logger=CSVLogger(run_dir, name="", version="logs"),
+        logger=CSVLogger(run_dir, name="logs"),  # logs/version_N: a resumed run adds a version
+        # A fresh sampler each epoch, seeded by the epoch (Lightning's set_epoch does not reach
+        # a batch sampler), so resumed and uninterrupted runs see the same batches.
+        reload_dataloaders_every_n_epochs=1,
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
         num_sanity_val_steps=0,
@@ -193,7 +200,9 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
 
 def train(config: Config) -> Path:
     """Train (or resume) the configured model; returns the run directory."""
+    # Fail on bad options now, not after data preparation.
     check_model_config(config.model)
+    _max_time(config.trainer.max_time)
     if config.optim.schedule not in SCHEDULES:
         raise NMTError(f"unknown schedule '{config.optim.schedule}'; choose one of: "
                        f"{', '.join(SCHEDULES)}")
@@ -202,6 +211,9 @@ def train(config: Config) -> Path:
     L.seed_everything(config.seed, workers=True, verbose=False)
     data = prepare_data(config.data)
     model = build_model(config.model, len(data.tokenizer))
+    if config.data.max_len >= model.max_positions:
+        raise NMTError(f"data.max_len {config.data.max_len} must be below the model's "
+                       f"max_positions {model.max_positions}")
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / "config.yaml")
     shutil.copyfile(data.tokenizer.model_file, run_dir / "spm.model")
@@ -210,6 +222,6 @@ def train(config: Config) -> Path:
         list(data.text["val"]["tgt"]), config.seed,
     )
     trainer = build_trainer(config, run_dir)
-    trainer.fit(module, datamodule=TranslationDataModule(data, config.data, config.seed),
-                ckpt_path=resume_from)
+    datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     return run_dir

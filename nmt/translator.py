@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from nmt.config import Config, load_config
-from nmt.data.module import decoding_loader
 from nmt.data.batching import PairDataset
+from nmt.data.module import decoding_loader
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError
 from nmt.models import build_model
@@ -50,6 +50,8 @@ class Translator:
         config = load_config(run_dir / "config.yaml")
         tokenizer = Tokenizer(run_dir / "spm.model")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise NMTError("--device cuda asked for, but no CUDA device is available")
         model = build_model(config.model, len(tokenizer))
         path = find_checkpoint(run_dir)
         try:
@@ -77,8 +79,9 @@ class Translator:
         dec = self.config.decoding
         beam_size = dec.beam_size if beam_size is None else beam_size
         alpha = dec.alpha if alpha is None else alpha
-        if nbest > beam_size:
-            raise NMTError(f"--nbest {nbest} cannot exceed the beam size {beam_size}")
+        if beam_size < 1 or not 1 <= nbest <= beam_size:
+            raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, "
+                           f"nbest {nbest}")
         ids = self._encode(lines)
         results: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in lines]
         todo = [i for i, seq in enumerate(ids) if seq]
@@ -93,7 +96,8 @@ class Translator:
                     self.model, src, mask, beam_size, alpha, dec.max_len_ratio, nbest, need_attn
                 )
             for position, hyps in zip(batch.idx.tolist(), found):
-                results[todo[position]] = [self._result(h) for h in hyps]
+                line = todo[position]
+                results[line] = [self._result(h, len(ids[line]) + 1) for h in hyps]
         return results
 
     def _encode(self, lines: list[str]) -> list[list[int]]:
@@ -107,10 +111,11 @@ class Translator:
                 del seq[limit:]
         return ids
 
-    def _result(self, hyp: Hypothesis) -> Translation:
+    def _result(self, hyp: Hypothesis, src_len: int) -> Translation:
+        """Detokenized text; attention cut to this sentence's source (+ EOS) columns."""
         return Translation(
             text=self.tokenizer.decode([hyp.tokens])[0],
             score=hyp.score,
             pieces=self.tokenizer.pieces(hyp.tokens),
-            attention=hyp.attention,
+            attention=hyp.attention[:, :src_len] if hyp.attention is not None else None,
         )

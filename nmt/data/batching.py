@@ -92,8 +92,9 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     With ``shuffle`` the tie-breaking within equal lengths and the batch order are drawn
     from ``seed + epoch``, so a resumed run sees exactly the batches of an uninterrupted one.
-    Under DDP each of ``world_size`` ranks takes every world_size-th batch; training drops
-    the few batches that would leave ranks uneven, evaluation keeps them all.
+    Under DDP each of ``world_size`` ranks takes every world_size-th training batch (dropping
+    the few that would leave ranks uneven); for evaluation each rank takes every
+    world_size-th sentence, so every rank has work and every sentence is decoded once.
     """
 
     def __init__(
@@ -119,7 +120,10 @@ class TokenBatchSampler(Sampler[list[int]]):
     def _batches(self) -> list[list[int]]:
         rng = random.Random(self.seed + self.epoch)
         noise = [rng.random() for _ in self.lengths] if self.shuffle else [0.0] * len(self.lengths)
-        order = sorted(range(len(self.lengths)), key=lambda i: (self.lengths[i], noise[i]))
+        indices = range(len(self.lengths))
+        if not self.shuffle:
+            indices = indices[self.rank :: self.world_size]
+        order = sorted(indices, key=lambda i: (self.lengths[i], noise[i]))
         batches, current, longest = [], [], 0
         for i in order:
             longest_if_added = max(longest, self.lengths[i])
@@ -130,9 +134,10 @@ class TokenBatchSampler(Sampler[list[int]]):
             longest = longest_if_added
         if current:
             batches.append(current)
-        if self.shuffle:
-            rng.shuffle(batches)
-            batches = batches[: len(batches) // self.world_size * self.world_size]
+        if not self.shuffle:
+            return batches
+        rng.shuffle(batches)
+        batches = batches[: len(batches) // self.world_size * self.world_size]
         return batches[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -24,6 +24,8 @@ LOCAL_STEMS = {
     "val": ("val", "valid", "dev"),
     "test": ("test_2016_flickr", "test"),
 }
+datasets.disable_progress_bars()  # one-off loading and caching; no bars in every run
+
 HUB_DEFAULTS = {"multi30k": "bentrevett/multi30k"}
 HUB_SPLITS = {"train": ("train",), "val": ("validation", "val", "valid"), "test": ("test",)}
 

@@ -32,12 +32,17 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     return PreparedData(text=text, ids=ids, tokenizer=tokenizer)
 
 
-def split_dataset(data: PreparedData, split: str, max_len: int | None = None) -> PairDataset:
-    """Pairs of one split; with ``max_len``, pairs longer than it on either side are dropped."""
+def split_dataset(
+    data: PreparedData, split: str, max_len: int | None = None, truncate: int | None = None
+) -> PairDataset:
+    """Pairs of one split; with ``max_len``, pairs longer than it on either side are dropped;
+    with ``truncate``, both sides are cut to that many pieces."""
     src, tgt = data.ids[split]["src_ids"], data.ids[split]["tgt_ids"]
     if max_len is not None:
         keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if len(s) <= max_len >= len(t)]
         src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+    if truncate is not None:
+        src, tgt = [s[:truncate] for s in src], [t[:truncate] for t in tgt]
     return PairDataset(src, tgt)
 
 
@@ -50,11 +55,12 @@ def decoding_loader(dataset: PairDataset, max_tokens: int, rank: int = 0, world:
 class TranslationDataModule(L.LightningDataModule):
     """Training batches under a token budget; validation in length-sorted batches."""
 
-    def __init__(self, data: PreparedData, cfg: DataConfig, seed: int):
+    def __init__(self, data: PreparedData, cfg: DataConfig, seed: int, max_positions: int):
         super().__init__()
         self.data, self.cfg, self.seed = data, cfg, seed
         self.train_set = split_dataset(data, "train", cfg.max_len)
-        self.val_set = split_dataset(data, "val")
+        # Validation keeps every pair, cut to what the model can embed (room for BOS/EOS).
+        self.val_set = split_dataset(data, "val", truncate=max_positions - 1)
 
     def train_dataloader(self) -> DataLoader:
         sampler = TokenBatchSampler(
@@ -65,7 +71,7 @@ class TranslationDataModule(L.LightningDataModule):
             rank=self.trainer.global_rank,
             world_size=self.trainer.world_size,
         )
-        sampler.set_epoch(self.trainer.current_epoch)
+        sampler.set_epoch(self.trainer.current_epoch)  # called anew each epoch (see training)
         return DataLoader(self.train_set, batch_sampler=sampler, collate_fn=collate)
 
     def val_dataloader(self) -> DataLoader:

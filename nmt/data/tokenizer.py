@@ -27,7 +27,10 @@ class Tokenizer:
         self.model_file = Path(model_file)
         if not self.model_file.is_file():
             raise NMTError(f"SentencePiece model not found: {self.model_file}")
-        self.sp = spm.SentencePieceProcessor(model_file=str(self.model_file))
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(self.model_file))
+        except (RuntimeError, OSError):
+            raise NMTError(f"{self.model_file} is not a SentencePiece model") from None
 
     def __len__(self) -> int:
         return self.sp.get_piece_size()

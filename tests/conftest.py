@@ -1,0 +1,76 @@
+"""Shared fixtures: a tiny synthetic translation task and small models of both families."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.data.batching import collate
+from nmt.models import build_model
+
+torch.set_num_threads(2)
+
+SYMBOLS = list(range(4, 14))  # ids 0-3 are PAD, UNK, BOS, EOS
+REPO = Path(__file__).resolve().parent.parent
+MULTI30K = REPO / "data" / "multi30k"
+
+TINY = {
+    "rnn": {"family": "rnn", "emb_dim": 32, "hidden_size": 64, "attention_dim": 64, "dropout": 0.0},
+    "transformer": {"family": "transformer", "d_model": 64, "heads": 4, "ff_dim": 128,
+                    "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0},
+}
+
+
+def tiny_model(family: str, attention: str, vocab: int = 14, seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model({**TINY[family], "attention": attention}, vocab)
+
+
+def reversal_batch(rng: random.Random, size: int, min_len: int = 3, max_len: int = 7):
+    """A batch of the reversal task: target = source reversed."""
+    items = []
+    for i in range(size):
+        src = [rng.choice(SYMBOLS) for _ in range(rng.randint(min_len, max_len))]
+        items.append((i, src, src[::-1]))
+    return collate(items)
+
+
+@pytest.fixture
+def random_batch():
+    return reversal_batch(random.Random(0), 6)
+
+
+def write_corpus(folder: Path, sizes=(("train", 300), ("val", 40), ("test", 30))) -> dict:
+    """A small word-level parallel corpus (target = source words upper-cased, reversed),
+    written as plain text files; returns {split: [source path, target path]}."""
+    rng = random.Random(7)
+    words = ["haus", "mann", "frau", "hund", "katze", "rot", "blau", "groß", "klein", "spielt",
+             "läuft", "auf", "der", "die", "das", "im", "park", "wasser", "ball", "kind"]
+    files = {}
+    for split, n in sizes:
+        src = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 8))) for _ in range(n)]
+        tgt = [" ".join(reversed(line.upper().split())) for line in src]
+        paths = [folder / f"{split}.src", folder / f"{split}.tgt"]
+        paths[0].write_text("\n".join(src) + "\n", encoding="utf-8")
+        paths[1].write_text("\n".join(tgt) + "\n", encoding="utf-8")
+        files[split] = [str(p) for p in paths]
+    return files
+
+
+def tiny_train_args(files: dict, run_dir: Path, data_dir: Path, epochs: int = 1) -> list[str]:
+    """Command-line arguments for a seconds-long training run on ``write_corpus`` files."""
+    return [
+        "train", "--config", str(REPO / "configs" / "transformer.yaml"),
+        "--run-dir", str(run_dir), "--max-epochs", str(epochs), "--seed", "3",
+        f"data.train_files=[{','.join(files['train'])}]",
+        f"data.val_files=[{','.join(files['val'])}]",
+        f"data.test_files=[{','.join(files['test'])}]",
+        f"data.data_dir={data_dir}", "data.vocab_size=100", "data.max_tokens=600",
+        "model.d_model=32", "model.heads=2", "model.ff_dim=64",
+        "model.encoder_layers=1", "model.decoder_layers=1",
+        "optim.warmup_steps=10", "trainer.log_every_n_steps=1",
+        "trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
+    ]

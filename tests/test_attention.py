@@ -1,0 +1,67 @@
+"""Scorer properties: masked keys get zero weight, shapes, fused path = explicit path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.attention import SCORERS, MultiHeadAttention, build_scorer
+from nmt.errors import NMTError
+
+
+@pytest.mark.parametrize("name", list(SCORERS))
+def test_masked_keys_get_zero_weight_and_rows_sum_to_one(name):
+    torch.manual_seed(0)
+    scorer = build_scorer(name, 8, 8, 8)
+    query, keys = torch.randn(2, 3, 8), torch.randn(2, 5, 8)
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False]]).unsqueeze(1)
+    context, weights = scorer.attend(query, scorer.prepare_keys(keys), keys, mask)
+    assert weights.shape == (2, 3, 5) and context.shape == (2, 3, 8)
+    assert torch.all(weights[1, :, 2:] == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3))
+    # Changing what sits under the mask changes nothing.
+    keys2 = keys.clone()
+    keys2[1, 2:] = 100.0
+    context2, _ = scorer.attend(query, scorer.prepare_keys(keys2), keys2, mask)
+    torch.testing.assert_close(context2[1], context[1])
+
+
+def test_additive_is_bahdanau_formula():
+    torch.manual_seed(0)
+    scorer = build_scorer("additive", 4, 6, 5)
+    q, k = torch.randn(1, 1, 4), torch.randn(1, 3, 6)
+    expected = torch.stack([
+        scorer.v.weight @ torch.tanh(scorer.query_proj.weight @ q[0, 0] + scorer.key_proj.weight @ kj)
+        for kj in k[0]
+    ]).view(1, 1, 3)
+    torch.testing.assert_close(scorer.score(q, scorer.prepare_keys(k)), expected)
+
+
+def test_scaled_dot_fused_equals_explicit():
+    torch.manual_seed(0)
+    scorer = build_scorer("scaled_dot", 16, 16, 16)
+    q, k, v = torch.randn(2, 4, 3, 16), torch.randn(2, 4, 7, 16), torch.randn(2, 4, 7, 16)
+    mask = torch.rand(2, 1, 1, 7) > 0.3
+    mask[..., 0] = True
+    fused, none = scorer.attend(q, k, v, mask, need_weights=False)
+    explicit, weights = scorer.attend(q, k, v, mask, need_weights=True)
+    assert none is None and weights is not None
+    torch.testing.assert_close(fused, explicit)
+
+
+def test_unknown_scorer_lists_valid_names():
+    with pytest.raises(NMTError, match="additive, dot, general, scaled_dot"):
+        build_scorer("cosine", 4, 4, 4)
+
+
+def test_dot_needs_equal_dims():
+    with pytest.raises(NMTError, match="query_dim == key_dim"):
+        build_scorer("dot", 4, 6, 4)
+
+
+@pytest.mark.parametrize("name", list(SCORERS))
+def test_multi_head_weights_shape(name):
+    mha = MultiHeadAttention(name, 16, 4, 0.0)
+    x, mem = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    out, weights = mha(x, mha.project_keys(mem), torch.ones(2, 1, 5, dtype=torch.bool), True)
+    assert out.shape == (2, 3, 16) and weights.shape == (2, 4, 3, 5)
