@@ -24,9 +24,9 @@ TINY = {
 }
 
 
-def tiny_model(family: str, attention: str, vocab: int = 14, seed: int = 0):
+def tiny_model(family: str, attention: str, vocab: int = 14, seed: int = 0, **options):
     torch.manual_seed(seed)
-    return build_model({**TINY[family], "attention": attention}, vocab)
+    return build_model({**TINY[family], "attention": attention, **options}, vocab)
 
 
 def reversal_batch(rng: random.Random, size: int, min_len: int = 3, max_len: int = 7):

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -169,3 +171,24 @@ def test_output_to_a_directory_is_an_error(run, tmp_path, capsys):
                  "--output", str(tmp_path)]) == 1
     assert "is a directory" in capsys.readouterr().err
     assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_killed_run_resumes_to_the_same_weights(corpus, run):
+    """Kill a 2-epoch run with SIGKILL once its first checkpoint exists; the same command
+    then finishes it with exactly the weights of the uninterrupted run."""
+    folder, files = corpus
+    run_dir = folder / "killed"
+    command = [sys.executable, "-m", "nmt", *tiny_train_args(files, run_dir, folder / "data", 2)]
+    # Same thread count as this process, so float reductions run in the same order.
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (run_dir / "last.ckpt").exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert main(tiny_train_args(files, run_dir, folder / "data", 2)) == 0
+    straight, resumed = _weights(run / "last.ckpt"), _weights(run_dir / "last.ckpt")
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], msg=key)

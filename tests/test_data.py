@@ -143,3 +143,15 @@ def test_sampler_shards_across_ranks():
 
 def test_pair_dataset_lengths():
     assert PairDataset([[1, 2, 3]], [[4]]).lengths() == [4]
+
+
+def test_hub_translation_column_is_unpacked():
+    import datasets
+
+    from nmt.data.corpus import _hub_pairs
+
+    split = datasets.Dataset.from_dict({"translation": [{"de": "Hallo", "en": "Hello"}]})
+    pairs = _hub_pairs(split, "en", "de", "wmt14")
+    assert pairs[0] == {"src": "Hello", "tgt": "Hallo"}
+    columns = datasets.Dataset.from_dict({"en": ["a"], "de": ["b"], "image": [0]})
+    assert _hub_pairs(columns, "de", "en", "bentrevett/multi30k")[0] == {"src": "b", "tgt": "a"}

@@ -15,14 +15,22 @@ CASES = [(family, attention) for family in ("rnn", "transformer")
          for attention in ("additive", "dot", "general", "scaled_dot")]
 
 
-def _model(family, attention):
-    return tiny_model(family, attention, vocab=30, seed=3).eval()
+def _model(family, attention, **options):
+    return tiny_model(family, attention, vocab=30, seed=3, **options).eval()
+
+
+@pytest.mark.parametrize("family,options", [("rnn", {"rnn_type": "lstm", "encoder_layers": 2}),
+                                            ("transformer", {"pre_norm": False})])
+def test_variants_decode_incrementally(family, options, random_batch):
+    _assert_incremental_equals_full(_model(family, "general", **options), random_batch)
 
 
 @pytest.mark.parametrize("family,attention", CASES)
 def test_incremental_decoding_equals_full_forward(family, attention, random_batch):
-    model = _model(family, attention)
-    b = random_batch
+    _assert_incremental_equals_full(_model(family, attention), random_batch)
+
+
+def _assert_incremental_equals_full(model, b):
     with torch.no_grad():
         full = model(b.src, b.src_mask, b.tgt_in).log_softmax(-1)  # (B, T, V)
         memory = model.encode(b.src, b.src_mask)

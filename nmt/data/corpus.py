@@ -2,7 +2,8 @@
 
 Three sources, tried in this order:
 1. plain-text files the user names (``data.train_files`` = [source, target], ...);
-2. a local folder in the Multi30k layout: ``<data_dir>/<corpus>/{train,val,test_2016_flickr}.<lang>[.gz]``;
+2. unless ``data.hub_dataset`` is set, a local folder in the Multi30k layout:
+   ``<data_dir>/<corpus>/{train,val,test_2016_flickr}.<lang>[.gz]``;
 3. a Hugging Face Hub dataset (``bentrevett/multi30k`` for multi30k, or ``data.hub_dataset``),
    either with one column per language or with a ``translation`` column of {lang: text}.
 """
@@ -34,7 +35,7 @@ def load_corpus(cfg: DataConfig) -> datasets.DatasetDict:
     """Load the configured corpus; ``train`` is cut to ``cfg.train_lines`` if set."""
     if cfg.train_files:
         corpus = _from_named_files(cfg)
-    elif (local := _local_files(cfg)) is not None:
+    elif cfg.hub_dataset is None and (local := _local_files(cfg)) is not None:
         corpus = _from_text_files(local)
     else:
         corpus = _from_hub(cfg)
@@ -44,7 +45,10 @@ def load_corpus(cfg: DataConfig) -> datasets.DatasetDict:
 
 
 def corpus_name(cfg: DataConfig) -> str:
-    """A cache key for the corpus: its name, plus a fingerprint of user-named files."""
+    """A cache key for the corpus: its name, the Hub dataset asked for, or a fingerprint of
+    user-named files."""
+    if cfg.hub_dataset:
+        return "-".join(filter(None, (cfg.hub_dataset, cfg.hub_config))).replace("/", "--")
     if not cfg.train_files:
         return cfg.corpus
     named = [p for files in (cfg.train_files, cfg.val_files, cfg.test_files) for p in files or []]
