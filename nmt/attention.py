@@ -36,6 +36,11 @@ class Scorer(nn.Module):
         """(..., T, Dq), prepared keys (..., S, D') -> logits (..., T, S)."""
         raise NotImplementedError
 
+    def flops(self, t: int, s: int) -> int:
+        """Forward FLOPs of ``attend`` for T queries and S keys (one head, one sentence):
+        the scorer's own work (``score_flops``) plus the weighted sum of values."""
+        return self.score_flops(t, s) + 2 * t * s * self.key_dim
+
     def attend(
         self,
         query: Tensor,
@@ -71,6 +76,10 @@ class AdditiveScorer(Scorer):
     def prepare_keys(self, keys: Tensor) -> Tensor:
         return self.key_proj(keys)  # (..., S, A)
 
+    def score_flops(self, t: int, s: int) -> int:
+        a = self.v.in_features  # W q, U k, the (T, S, A) sum and tanh, then v
+        return 2 * t * self.query_dim * a + 2 * s * self.key_dim * a + 4 * t * s * a
+
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         q = self.query_proj(query).unsqueeze(-2)  # (..., T, 1, A)
         return self.v(torch.tanh(q + keys.unsqueeze(-3))).squeeze(-1)  # (..., T, S)
@@ -88,6 +97,9 @@ class DotScorer(Scorer):
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         return query @ keys.transpose(-1, -2)  # (..., T, S)
 
+    def score_flops(self, t: int, s: int) -> int:
+        return 2 * t * s * self.query_dim
+
 
 class GeneralScorer(Scorer):
     """Luong et al. (2015), eq. (8) "general": score = q^T W k (bilinear)."""
@@ -101,6 +113,9 @@ class GeneralScorer(Scorer):
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         return query @ keys.transpose(-1, -2)  # (..., T, S)
+
+    def score_flops(self, t: int, s: int) -> int:
+        return 2 * s * self.key_dim * self.query_dim + 2 * t * s * self.query_dim
 
 
 class ScaledDotScorer(DotScorer):
@@ -179,3 +194,8 @@ class MultiHeadAttention(nn.Module):
         b, _, t, _ = context.shape
         context = context.transpose(1, 2).reshape(b, t, -1)  # (B, T, D)
         return self.out_proj(context), weights
+
+    def flops(self, t: int, s: int) -> int:
+        """Forward FLOPs for one sentence: T queries over S keys, four projections."""
+        d = self.heads * self.head_dim
+        return 2 * d * d * (2 * t + 2 * s) + self.heads * self.scorer.flops(t, s)

@@ -1,4 +1,4 @@
-"""Command line: ``nmt train | translate | evaluate``. Thin: parse, call, print.
+"""Command line: ``nmt train | translate | evaluate | bench``. Thin: parse, call, print.
 
 Errors a user can fix (bad input, missing files, unknown names) end with one line on stderr
 and exit status 1, never a traceback.
@@ -96,7 +96,10 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
     translator = Translator.from_run_dir(args.checkpoint, args.device)
     lines = read_lines(args.input)
-    results = translator.translate(lines, args.beam, args.nbest, args.alpha)
+    need_attn = args.plot_attention is not None
+    results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn)
+    if need_attn:
+        plot_attention(results, args.plot_attention, args.attention_layer, args.attention_head)
     if args.nbest > 1:  # Moses n-best format
         rows = [f"{i} ||| {t.text} ||| {t.score:.4f}" for i, hyps in enumerate(results) for t in hyps]
     else:
@@ -106,6 +109,28 @@ def cmd_translate(args: argparse.Namespace) -> None:
         write_text(args.output, output)
     else:
         sys.stdout.write(output)
+
+
+def plot_attention(results, folder: str, layer: int, head: str) -> None:
+    """One heatmap PNG per input line (its best translation): <folder>/<line number>.png."""
+    from nmt.plots import attention_matrix, save_attention_grid
+
+    if head not in ("mean", "all") and not head.isdigit():
+        raise NMTError(f"--attention-head must be mean, all or a head number, got '{head}'")
+    for number, hyps in enumerate(results, start=1):
+        best = hyps[0]
+        if best.attention is None:  # empty input line: nothing to draw
+            continue
+        target = best.pieces + ["</s>"]
+        heads = range(best.attention.size(2)) if head == "all" and best.attention.dim() == 4 \
+            else [None if head in ("mean", "all") else int(head)]
+        try:
+            panels = [(f"line {number}" + ("" if h is None else f", head {h}"),
+                       attention_matrix(best.attention, layer, h), best.source, target)
+                      for h in heads]
+        except IndexError:
+            raise NMTError(f"no attention layer {layer} / head {head} in this model") from None
+        save_attention_grid(Path(folder) / f"{number:04d}.png", panels)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -128,6 +153,35 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}")
     print(f"hypotheses and scores written to {out}/")
+
+
+def print_table(rows: list[dict]) -> None:
+    """A Markdown table of dicts sharing their keys."""
+    keys = list(rows[0])
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for row in rows:
+        print("| " + " | ".join("" if row[k] is None else str(row[k]) for k in keys) + " |")
+
+
+def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
+    from nmt import bench
+
+    if args.what == "train":
+        from nmt.config import load_config
+
+        overrides = [f"{key}={getattr(args, flag)}" for flag, key in TRAIN_FLAGS.items()
+                     if getattr(args, flag, None) is not None]
+        config = load_config(args.config, overrides + dotted_overrides(extra))
+        summary = bench.bench_train(config, args.steps, args.warmup)
+        print_table([{k: v for k, v in summary.items() if k != "bench"}])
+    elif extra:
+        raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
+    else:
+        beams = [int(b) for b in args.beam.split(",")]
+        summary = bench.bench_decode(args.checkpoint, beams, args.split, args.limit)
+        print_table(summary["rows"])
+    print(json.dumps(summary))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -158,7 +212,28 @@ def parser() -> argparse.ArgumentParser:
     translate.add_argument("--input", help="input file (default stdin)")
     translate.add_argument("--output", help="output file (default stdout)")
     translate.add_argument("--nbest", type=int, default=1)
+    translate.add_argument("--plot-attention", metavar="DIR",
+                           help="write a heatmap PNG of each sentence's attention to DIR")
+    translate.add_argument("--attention-layer", type=int, default=-1,
+                           help="Transformer: which decoder layer's cross-attention (default last)")
+    translate.add_argument("--attention-head", default="mean",
+                           help="Transformer: mean over heads, a head number, or all (one panel each)")
     sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")
+
+    bench = sub.add_parser("bench", help="benchmarks that print numbers (and a JSON line)")
+    what = bench.add_subparsers(dest="what", required=True)
+    bench_train = what.add_parser("train", help="training tokens/s, FLOPs and utilisation")
+    bench_train.add_argument("--config", required=True)
+    bench_train.add_argument("--steps", type=int, default=30, help="timed optimizer steps")
+    bench_train.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    for flag in ("train_lines", "attention", "src_lang", "tgt_lang", "seed"):
+        bench_train.add_argument("--" + flag.replace("_", "-"),
+                                 type=int if flag in ("train_lines", "seed") else str)
+    bench_decode = what.add_parser("decode", help="greedy and beam search speed on a split")
+    bench_decode.add_argument("--checkpoint", required=True, help="run directory")
+    bench_decode.add_argument("--beam", default="1,5", help="comma-separated beam sizes")
+    bench_decode.add_argument("--split", default="test")
+    bench_decode.add_argument("--limit", type=int, help="first N sentences only")
     return top
 
 
@@ -167,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             cmd_train(args, extra)
+        elif args.command == "bench":
+            cmd_bench(args, extra)
         elif extra:
             raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
         elif args.command == "translate":

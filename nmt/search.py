@@ -22,7 +22,7 @@ from nmt.models.base import Seq2Seq, select_rows
 class Hypothesis:
     tokens: list[int]  # without BOS and EOS
     score: float  # length-normalised log-probability
-    attention: Tensor | None = None  # (len(tokens) + 1, S): one row per step, EOS included
+    attention: Tensor | None = None  # (len(tokens) + 1, ..., S): per step, EOS included
 
 
 def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
@@ -96,7 +96,7 @@ def beam_search(
     max_lens = max_output_lengths(src_mask, max_len_ratio, model.max_positions)
     alive = torch.arange(batch, device=device)  # original index of each sentence in the batch
     prefix = torch.full((batch * k, 1), BOS, dtype=torch.long, device=device)
-    attn_rows = [] if need_attn else None  # per step: (n * K, S)
+    attn_rows = [] if need_attn else None  # per step: (n * K, ..., S)
     # Only beam 0 is live at the start, so the K beams do not all pick the same first token.
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0

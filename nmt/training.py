@@ -7,7 +7,9 @@ spm.model and logs/metrics.csv. Re-running the same command resumes from last.ck
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import shutil
 import time
 from pathlib import Path
@@ -28,6 +30,11 @@ from nmt.errors import NMTError
 from nmt.metrics import bleu_from_statistics, bleu_statistics
 from nmt.models import build_model, check_model_config
 from nmt.search import greedy_search
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def inverse_sqrt(warmup: int):
@@ -54,6 +61,9 @@ class TranslationModule(L.LightningModule):
         self.model, self.tokenizer = model, tokenizer
         self.optim, self.decoding = optim, decoding
         self.val_references, self.seed = val_references, seed
+        # Running totals over the whole run, resumed segments included (kept in checkpoints).
+        self.totals = {"tgt_tokens": 0, "step_seconds": 0.0, "wall_seconds": 0.0}
+        self._fit_start = time.perf_counter()
 
     def _loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean token loss over non-pad targets, and the number of such tokens."""
@@ -66,13 +76,17 @@ class TranslationModule(L.LightningModule):
         )
         return loss, (batch.tgt_out != PAD).sum()
 
+    def on_fit_start(self) -> None:
+        self._fit_start = time.perf_counter()
+
     def on_train_epoch_start(self) -> None:
-        self._epoch_start, self._epoch_tokens = time.perf_counter(), 0
+        self._epoch_tokens, self._epoch_seconds = 0, 0.0
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         # Dropout draws depend only on (seed, epoch, batch, rank), so a resumed run continues
         # exactly like an uninterrupted one, whatever else drew random numbers meanwhile.
         torch.manual_seed(hash((self.seed, self.current_epoch, batch_idx, self.global_rank)))
+        self._step_start = time.perf_counter()
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         loss, tokens = self._loss(batch, self.optim.label_smoothing)
@@ -81,9 +95,25 @@ class TranslationModule(L.LightningModule):
         self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=batch.src.size(0))
         return loss
 
+    def on_train_batch_end(self, outputs, batch: Batch, batch_idx: int) -> None:
+        self._epoch_seconds += time.perf_counter() - self._step_start  # forward..optimizer step
+
     def on_train_epoch_end(self) -> None:
-        seconds = time.perf_counter() - self._epoch_start
-        self.log("train_tgt_tok_per_s", self._epoch_tokens / max(seconds, 1e-9))
+        self.log("train_tgt_tok_per_s", self._epoch_tokens / max(self._epoch_seconds, 1e-9))
+        self.totals["tgt_tokens"] += self._epoch_tokens
+        self.totals["step_seconds"] += self._epoch_seconds
+        self._epoch_tokens, self._epoch_seconds = 0, 0.0
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        now = time.perf_counter()
+        totals = dict(self.totals)
+        totals["wall_seconds"] += now - self._fit_start
+        totals["tgt_tokens"] += self._epoch_tokens  # a checkpoint inside an epoch
+        totals["step_seconds"] += self._epoch_seconds
+        checkpoint["nmt_totals"] = totals
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.totals = dict(checkpoint.get("nmt_totals", self.totals))
 
     def on_validation_epoch_start(self) -> None:
         self._val_hyps, self._val_idx = [], []
@@ -224,4 +254,30 @@ def train(config: Config) -> Path:
     trainer = build_trainer(config, run_dir)
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    # --max-time can stop inside an epoch, after the last validation: keep that progress too.
+    trainer.save_checkpoint(run_dir / "last.ckpt")
+    if trainer.is_global_zero:
+        write_train_stats(run_dir, module, trainer)
     return run_dir
+
+
+def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Trainer) -> None:
+    """train_stats.json: the run's totals (all resumed segments), read by ``compare``."""
+    totals = torch.load(run_dir / "last.ckpt", map_location="cpu", weights_only=False)["nmt_totals"]
+    best = trainer.checkpoint_callback.best_model_score
+    stats = {
+        "wall_seconds": round(totals["wall_seconds"], 1),
+        "train_step_seconds": round(totals["step_seconds"], 1),
+        "tgt_tokens": totals["tgt_tokens"],
+        "tgt_tok_per_s": round(totals["tgt_tokens"] / max(totals["step_seconds"], 1e-9), 1),
+        "steps": trainer.global_step,
+        "epochs": trainer.current_epoch,
+        "parameters": sum(p.numel() for p in module.model.parameters()),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "best_val_bleu": round(float(best), 2) if best is not None else None,
+        "world_size": trainer.world_size,
+    }
+    path = run_dir / "train_stats.json"
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(stats, indent=2) + "\n")
+    os.replace(tmp, path)

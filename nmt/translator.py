@@ -19,6 +19,7 @@ from nmt.data.module import decoding_loader
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError
 from nmt.models import build_model
+from nmt.plots import EOS_PIECE
 from nmt.search import Hypothesis, beam_search, greedy_search
 
 
@@ -27,7 +28,8 @@ class Translation:
     text: str
     score: float
     pieces: list[str]  # target pieces, for attention plots
-    attention: torch.Tensor | None = None  # (len(pieces) + 1, S)
+    attention: torch.Tensor | None = None  # (len(pieces) + 1, ..., S), see models.base
+    source: list[str] | None = None  # source pieces + EOS: the attention's columns
 
 
 def find_checkpoint(run_dir: Path) -> Path:
@@ -75,14 +77,15 @@ class Translator:
         alpha: float | None = None,
         need_attn: bool = False,
     ) -> list[list[Translation]]:
-        """Translate ``lines``; for each its ``nbest`` translations (one empty for an empty line)."""
+        """Translate ``lines``; for each its ``nbest`` translations (one empty for an empty
+        line). With ``need_attn`` each translation carries its source attention."""
         dec = self.config.decoding
         beam_size = dec.beam_size if beam_size is None else beam_size
         alpha = dec.alpha if alpha is None else alpha
         if beam_size < 1 or not 1 <= nbest <= beam_size:
             raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, "
                            f"nbest {nbest}")
-        ids = self._encode(lines)
+        ids = self.encode_lines(lines)
         results: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in lines]
         todo = [i for i, seq in enumerate(ids) if seq]
         loader = decoding_loader(PairDataset([ids[i] for i in todo]), self.config.data.eval_max_tokens)
@@ -97,10 +100,10 @@ class Translator:
                 )
             for position, hyps in zip(batch.idx.tolist(), found):
                 line = todo[position]
-                results[line] = [self._result(h, len(ids[line]) + 1) for h in hyps]
+                results[line] = [self._result(h, ids[line]) for h in hyps]
         return results
 
-    def _encode(self, lines: list[str]) -> list[list[int]]:
+    def encode_lines(self, lines: list[str]) -> list[list[int]]:
         """Piece ids per line, cut to what the model accepts (room left for EOS)."""
         limit = self.model.max_positions - 1
         ids = self.tokenizer.encode(lines)
@@ -111,11 +114,11 @@ class Translator:
                 del seq[limit:]
         return ids
 
-    def _result(self, hyp: Hypothesis, src_len: int) -> Translation:
+    def _result(self, hyp: Hypothesis, src_ids: list[int]) -> Translation:
         """Detokenized text; attention cut to this sentence's source (+ EOS) columns."""
-        return Translation(
-            text=self.tokenizer.decode([hyp.tokens])[0],
-            score=hyp.score,
-            pieces=self.tokenizer.pieces(hyp.tokens),
-            attention=hyp.attention[:, :src_len] if hyp.attention is not None else None,
-        )
+        translation = Translation(self.tokenizer.decode([hyp.tokens])[0], hyp.score,
+                                  self.tokenizer.pieces(hyp.tokens))
+        if hyp.attention is not None:
+            translation.attention = hyp.attention[..., : len(src_ids) + 1]
+            translation.source = self.tokenizer.pieces(src_ids) + [EOS_PIECE]
+        return translation

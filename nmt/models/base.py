@@ -4,7 +4,9 @@ A model offers
     forward(src, src_mask, tgt_in) -> logits (B, T, V)           teacher-forced training
     encode(src, src_mask) -> memory                               once per batch
     init_state(memory) -> state                                   before the first step
-    decode_step(prev (B,), state, memory, need_attn) -> (log_probs (B, V), state, attn (B, S) | None)
+    decode_step(prev (B,), state, memory, need_attn) -> (log_probs (B, V), state, attn | None)
+where attn is the source attention of this step, (B, ..., S): (B, S) for the RNN,
+(B, L, H, S) per layer and head for the Transformer.
 ``memory`` and ``state`` are nests of tensors (tuples, lists, dicts) whose tensors all have
 the batch on dim 0, so ``select_rows`` can reorder them for beam search or drop finished
 sentences without knowing the family.

@@ -112,6 +112,20 @@ class RNNModel(nn.Module):
             outputs.append(t)
         return self._logits(torch.stack(outputs, dim=1))
 
+    def forward_flops(self, src: Tensor, tgt_in: Tensor) -> int:
+        """Analytic forward FLOPs of ``forward`` on this padded batch (2 per multiply-add)."""
+        b, s = src.shape
+        t = tgt_in.size(1)
+        e, d, v = self.embed.embedding_dim, self.cell.hidden_size, self.embed.num_embeddings
+        gates = 4 if self.is_lstm else 3
+        h = d // 2
+        inputs = [e] + [d] * (self.encoder.num_layers - 1)
+        encoder = sum(2 * 2 * gates * (i * h + h * h) * s for i in inputs)  # two directions
+        keys = self.scorer.score_flops(0, s)  # prepare_keys, once per sentence
+        step = (self.scorer.flops(1, s) - self.scorer.score_flops(0, s)
+                + 2 * gates * ((e + d) * d + d * d) + 2 * (2 * d + e) * e + 2 * e * v)
+        return b * (encoder + 2 * d * d + keys + t * step)
+
     def decode_step(self, prev: Tensor, state, memory, need_attn: bool = False):
         """(B,) previous tokens -> log-probs (B, V), new state, attention (B, S) or None."""
         t, state, attn = self._step(self.embed(prev), state, memory, need_attn)

@@ -144,11 +144,14 @@ class TransformerModel(nn.Module):
         return {"step": 0, "layers": [None] * len(self.decoder)}
 
     def _decode(self, x: Tensor, memory: dict, self_mask, caches, need_attn: bool):
-        attn = None
-        new_caches = []
+        """Decoder stack -> logits (B, T, V), new caches, cross-attention weights of every
+        layer (B, L, H, T, S) or None."""
+        attns, new_caches = [], []
         for layer, cross_kv, cache in zip(self.decoder, memory["cross"], caches):
             x, kv, attn = layer(x, cross_kv, memory["mask"], self_mask, cache, need_attn)
             new_caches.append(kv)
+            attns.append(attn)
+        attn = torch.stack(attns, 1) if need_attn else None
         return F.linear(self.dec_norm(x), self.embed.weight), new_caches, attn
 
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
@@ -160,11 +163,22 @@ class TransformerModel(nn.Module):
         logits, _, _ = self._decode(self._embed(tgt_in), memory, causal, caches, False)
         return logits
 
+    def forward_flops(self, src: Tensor, tgt_in: Tensor) -> int:
+        """Analytic forward FLOPs of ``forward`` on this padded batch (2 per multiply-add)."""
+        b, s = src.shape
+        t = tgt_in.size(1)
+        ff = 4 * self.d_model * self.encoder[0].ff[0].out_features  # two linears, per token
+        enc = sum(layer.self_attn.flops(s, s) + ff * s for layer in self.encoder)
+        dec = sum(layer.self_attn.flops(t, t) + layer.cross_attn.flops(t, s) + ff * t
+                  for layer in self.decoder)
+        output = 2 * t * self.d_model * self.embed.num_embeddings
+        return b * (enc + dec + output)
+
     def decode_step(self, prev: Tensor, state: dict, memory: dict, need_attn: bool = False):
-        """(B,) -> log-probs (B, V), state with caches grown by one position, last layer's
-        cross-attention averaged over heads (B, S) or None."""
+        """(B,) -> log-probs (B, V), state with caches grown by one position, and the
+        cross-attention of every layer and head (B, L, H, S), or None."""
         x = self._embed(prev.unsqueeze(1), start=state["step"])  # (B, 1, D)
         logits, caches, attn = self._decode(x, memory, None, state["layers"], need_attn)
         state = {"step": state["step"] + 1, "layers": caches}
-        attn = attn.mean(1).squeeze(1) if attn is not None else None  # (B, S)
+        attn = attn.squeeze(3) if attn is not None else None  # (B, L, H, S)
         return torch.log_softmax(logits.squeeze(1), dim=-1), state, attn

@@ -1,0 +1,140 @@
+"""Benchmarks that print numbers: ``nmt bench train | decode | attention``.
+
+Each prints a readable table and, last, a one-line JSON summary for comparing commits.
+Speeds are wall-clock on this machine; compare them as ratios measured in one run.
+"""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import torch
+
+from nmt.config import Config
+from nmt.data.batching import Batch, PairDataset
+from nmt.data.corpus import load_corpus
+from nmt.data.module import TranslationDataModule, decoding_loader, prepare_data
+from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.models import build_model
+from nmt.search import max_output_lengths, restrict
+from nmt.training import TranslationModule, peak_rss_mb
+from nmt.translator import Translator
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 10) -> float:
+    """Achieved float32 GFLOP/s of an n x n matmul: the reference for utilisation."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
+
+
+class StepTimer(L.Callback):
+    """Times optimizer steps after ``warmup`` steps and counts their tokens and FLOPs."""
+
+    def __init__(self, warmup: int):
+        self.warmup = warmup
+        self.seconds = self.tgt_tokens = self.src_tokens = self.flops = 0.0
+        self.steps = 0
+
+    def on_train_batch_start(self, trainer, module, batch: Batch, batch_idx: int) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch: Batch, batch_idx: int) -> None:
+        if trainer.global_step <= self.warmup:
+            return
+        self.seconds += time.perf_counter() - self._start
+        self.steps += 1
+        self.tgt_tokens += int((batch.tgt_out != PAD).sum())
+        self.src_tokens += int((batch.src != PAD).sum())
+        self.flops += 3 * module.model.forward_flops(batch.src, batch.tgt_in)  # fwd + 2x bwd
+
+
+def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
+    """Tokens/s and FLOP utilisation of ``steps`` Lightning training steps after warm-up."""
+    L.seed_everything(config.seed, verbose=False)
+    data = prepare_data(config.data)
+    model = build_model(config.model, len(data.tokenizer))
+    module = TranslationModule(model, data.tokenizer, config.optim, config.decoding, [], config.seed)
+    timer = StepTimer(warmup)
+    trainer = L.Trainer(
+        max_steps=warmup + steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
+        accelerator=config.trainer.accelerator, devices=1, precision=config.trainer.precision,
+        gradient_clip_val=config.trainer.gradient_clip_val,
+    )
+    datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
+    trainer.fit(module, datamodule=datamodule)
+    peak = matmul_peak_gflops()
+    achieved = timer.flops / timer.seconds / 1e9
+    return {
+        "bench": "train",
+        "model": config.model["family"],
+        "attention": config.model.get("attention"),
+        "steps": timer.steps,
+        "tgt_tok_per_s": round(timer.tgt_tokens / timer.seconds, 1),
+        "src_tok_per_s": round(timer.src_tokens / timer.seconds, 1),
+        "sec_per_step": round(timer.seconds / timer.steps, 4),
+        "tgt_tokens_per_step": round(timer.tgt_tokens / timer.steps, 1),
+        "train_gflop_per_tgt_token": round(timer.flops / timer.tgt_tokens / 1e9, 4),
+        "achieved_gflops": round(achieved, 1),
+        "matmul_peak_gflops": round(peak, 1),
+        "mfu": round(achieved / peak, 3),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "threads": torch.get_num_threads(),
+    }
+
+
+@torch.no_grad()
+def greedy_recompute(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_ratio: float) -> int:
+    """Greedy decoding that re-runs the full decoder on the whole prefix at every step, the
+    baseline that incremental decoding (``decode_step``) avoids. Returns tokens generated."""
+    max_lens = max_output_lengths(src_mask, max_len_ratio, model.max_positions)
+    prefix = torch.full((src.size(0), 1), BOS, dtype=torch.long, device=src.device)
+    done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+    for step in range(int(max_lens.max())):
+        log_probs = model(src, src_mask, prefix)[:, -1].log_softmax(-1)  # (B, V)
+        next_token = restrict(log_probs, step >= max_lens - 1).argmax(-1)
+        prefix = torch.cat([prefix, next_token.unsqueeze(1)], dim=1)
+        done |= next_token == EOS
+        if done.all():
+            break
+    return int(prefix.size(1) - 1) * src.size(0)
+
+
+def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int | None = None,
+                 recompute: bool = True) -> dict:
+    """Sentences/s and generated tokens/s of greedy and beam search over a corpus split."""
+    translator = Translator.from_run_dir(run_dir)
+    sources = list(load_corpus(translator.config.data)[split]["src"])[:limit]
+    rows = []
+    for beam in beams:
+        start = time.perf_counter()
+        results = translator.translate(sources, beam_size=beam)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(r[0].pieces) + 1 for r in results)  # + EOS
+        rows.append({"mode": f"beam{beam}" if beam > 1 else "greedy", "beam": beam,
+                     "seconds": round(seconds, 2),
+                     "sent_per_s": round(len(sources) / seconds, 1),
+                     "tok_per_s": round(tokens / seconds, 1),
+                     "avg_output_len": round(tokens / len(sources), 2)})
+    if recompute:  # greedy without the incremental state: the whole prefix every step
+        loader = decoding_loader(PairDataset(translator.encode_lines(sources)),
+                                 translator.config.data.eval_max_tokens)
+        start, tokens = time.perf_counter(), 0
+        for batch in loader:
+            tokens += greedy_recompute(translator.model, batch.src, batch.src_mask,
+                                       translator.config.decoding.max_len_ratio)
+        seconds = time.perf_counter() - start
+        rows.append({"mode": "greedy_recompute", "beam": 1, "seconds": round(seconds, 2),
+                     "sent_per_s": round(len(sources) / seconds, 1),
+                     "tok_per_s": None, "avg_output_len": None})
+    times = {row["mode"]: row["seconds"] for row in rows}
+    summary = {"bench": "decode", "run": str(run_dir), "split": split, "sentences": len(sources),
+               "rows": rows, "peak_rss_mb": round(peak_rss_mb(), 1)}
+    if "greedy" in times:
+        summary["beam_cost_vs_greedy"] = {m: round(s / times["greedy"], 2) for m, s in times.items()}
+    return summary

@@ -1,0 +1,93 @@
+"""Pictures with matplotlib: attention heatmaps and the charts of ``compare`` and ``bench``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+EOS_PIECE = "</s>"
+
+
+def attention_matrix(attention: Tensor, layer: int = -1, head: int | None = None) -> Tensor:
+    """One (T, S) matrix from a hypothesis' attention: (T, S) as is (RNN), or (T, L, H, S)
+    reduced to one layer and one head or the mean over heads (Transformer)."""
+    if attention.dim() == 2:
+        return attention
+    per_head = attention[:, layer]  # (T, H, S)
+    return per_head.mean(1) if head is None else per_head[:, head]
+
+
+def draw_attention(ax, weights: Tensor, src: list[str], tgt: list[str], title: str = "") -> None:
+    """Heatmap of (T, S) weights: target pieces down the side, source pieces along the top."""
+    ax.imshow(weights.float().cpu().numpy(), cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(src)), src, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(tgt)), tgt, fontsize=7)
+    ax.xaxis.tick_top()
+    ax.set_title(title, fontsize=9, pad=40)
+
+
+def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[str], list[str]]],
+                        columns: int = 4) -> None:
+    """One figure with a heatmap per panel (title, weights (T, S), source, target pieces)."""
+    rows = math.ceil(len(panels) / columns)
+    columns = min(columns, len(panels))
+    longest = max(max(len(p[2]), len(p[3])) for p in panels)
+    size = max(3.0, 0.22 * longest + 1.5)
+    fig, axes = plt.subplots(rows, columns, figsize=(size * columns, size * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (title, weights, src, tgt) in zip(axes.flat, panels):
+        draw_attention(ax, weights, src, tgt, title)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def save_bar_chart(path: str | Path, labels: list[str], means: list[float], stds: list[float],
+                   ylabel: str, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(labels) + 2), 4))
+    ax.bar(range(len(labels)), means, yerr=stds, capsize=4, color="#4c72b0")
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def save_scatter(path: str | Path, xs: list[float], ys: list[float], labels: list[str],
+                 xlabel: str, ylabel: str, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    ax.scatter(xs, ys, color="#dd8452")
+    for x, y, label in zip(xs, ys, labels):
+        ax.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def save_loglog(path: str | Path, series: dict[str, tuple[list[float], list[float]]],
+                xlabel: str, ylabel: str, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for name, (xs, ys) in series.items():
+        ax.loglog(xs, ys, marker="o", label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
