@@ -1,4 +1,4 @@
-"""Command line: ``nmt train | translate | evaluate | bench``. Thin: parse, call, print.
+"""Command line: ``nmt train | translate | evaluate | compare | bench``. Thin: parse, call, print.
 
 Errors a user can fix (bad input, missing files, unknown names) end with one line on stderr
 and exit status 1, never a traceback.
@@ -45,13 +45,27 @@ def dotted_overrides(extra: list[str]) -> list[str]:
     return [key.replace("-", "_") + "=" + value for key, value in (o.split("=", 1) for o in out)]
 
 
+def named_overrides(args: argparse.Namespace) -> list[str]:
+    """The named training flags given, as config overrides (quoted: "no" stays a string)."""
+    return [f"{key}={json.dumps(str(value))}" for flag, key in TRAIN_FLAGS.items()
+            if (value := getattr(args, flag, None)) is not None]
+
+
+def cmd_compare(args: argparse.Namespace, extra: list[str]) -> None:
+    from nmt.compare import load_compare_config, run_compare
+
+    cfg = load_compare_config(args.config)
+    if args.seeds is not None:
+        cfg.seeds = args.seeds
+    out = Path(args.out or f"results/{cfg.name}")
+    run_compare(cfg, args.preset, out, named_overrides(args) + dotted_overrides(extra))
+
+
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
     from nmt.config import load_config
     from nmt.training import train
 
-    overrides = [f"{key}={getattr(args, flag)}" for flag, key in TRAIN_FLAGS.items()
-                 if getattr(args, flag) is not None]
-    config = load_config(args.config, overrides + dotted_overrides(extra))
+    config = load_config(args.config, named_overrides(args) + dotted_overrides(extra))
     run_dir = train(config)
     print(f"run directory: {run_dir}")
 
@@ -170,9 +184,7 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
     if args.what == "train":
         from nmt.config import load_config
 
-        overrides = [f"{key}={getattr(args, flag)}" for flag, key in TRAIN_FLAGS.items()
-                     if getattr(args, flag, None) is not None]
-        config = load_config(args.config, overrides + dotted_overrides(extra))
+        config = load_config(args.config, named_overrides(args) + dotted_overrides(extra))
         summary = bench.bench_train(config, args.steps, args.warmup)
         print_table([{k: v for k, v in summary.items() if k != "bench"}])
     elif extra:
@@ -220,6 +232,17 @@ def parser() -> argparse.ArgumentParser:
                            help="Transformer: mean over heads, a head number, or all (one panel each)")
     sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")
 
+    compare = sub.add_parser("compare", help="the attention study: families x scorers x seeds",
+                             epilog="Other config keys apply to every cell: --section.key VALUE.")
+    compare.add_argument("--config", default="configs/compare.yaml")
+    compare.add_argument("--preset", default="quick", help="quick | full (see the config)")
+    compare.add_argument("--seeds", type=int, help="seeds per cell (error bars from 2 on)")
+    compare.add_argument("--out", help="output folder (default results/<name>)")
+    compare.add_argument("--train-lines", type=int)
+    compare.add_argument("--max-epochs", type=int)
+    compare.add_argument("--src-lang")
+    compare.add_argument("--tgt-lang")
+
     bench = sub.add_parser("bench", help="benchmarks that print numbers (and a JSON line)")
     what = bench.add_subparsers(dest="what", required=True)
     bench_train = what.add_parser("train", help="training tokens/s, FLOPs and utilisation")
@@ -244,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd_train(args, extra)
         elif args.command == "bench":
             cmd_bench(args, extra)
+        elif args.command == "compare":
+            cmd_compare(args, extra)
         elif extra:
             raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
         elif args.command == "translate":
