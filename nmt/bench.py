@@ -6,17 +6,22 @@ Speeds are wall-clock on this machine; compare them as ratios measured in one ru
 
 from __future__ import annotations
 
+import math
+import multiprocessing
+import statistics
 import time
 
 import lightning as L
 import torch
 
+from nmt.attention import SCORERS, build_scorer
 from nmt.config import Config
 from nmt.data.batching import Batch, PairDataset
 from nmt.data.corpus import load_corpus
 from nmt.data.module import TranslationDataModule, decoding_loader, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.models import build_model
+from nmt.plots import save_loglog
 from nmt.search import max_output_lengths, restrict
 from nmt.training import TranslationModule, peak_rss_mb
 from nmt.translator import Translator
@@ -138,3 +143,60 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
     if "greedy" in times:
         summary["beam_cost_vs_greedy"] = {m: round(s / times["greedy"], 2) for m, s in times.items()}
     return summary
+
+
+def _time_scorer(name: str, length: int, batch: int, heads: int, head_dim: int,
+                 repeats: int) -> dict:
+    """Runs in a fresh process: forward+backward time and the peak memory it adds."""
+    torch.manual_seed(0)
+    scorer = build_scorer(name, head_dim, head_dim, head_dim)
+    q, k, v = (torch.randn(batch, heads, length, head_dim, requires_grad=True) for _ in range(3))
+
+    def step() -> None:
+        context, _ = scorer.attend(q, scorer.prepare_keys(k), v, None, need_weights=False)
+        context.sum().backward()
+
+    before = peak_rss_mb()
+    step()  # warm-up; also reaches this size's peak memory
+    peak = peak_rss_mb() - before
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"scorer": name, "length": length, "ms": round(1000 * min(times), 3),  # best of N
+            "peak_mb": round(max(peak, 0.0), 1)}
+
+
+def growth_exponent(lengths: list[int], values: list[float]) -> float:
+    """Least-squares slope of log(value) against log(length): value ~ length^slope."""
+    xs, ys = [math.log(x) for x in lengths], [math.log(max(y, 1e-9)) for y in values]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def bench_attention(max_len: int = 1024, batch: int = 2, heads: int = 4, head_dim: int = 32,
+                    repeats: int = 3, plot: str | None = None) -> dict:
+    """Each scorer alone, T = S = 16 .. max_len: time and peak memory, one process per point
+    so that each peak is its own. Exponents are fitted over the longer half of the lengths,
+    where the (T, S) terms dominate fixed costs."""
+    lengths = [2**i for i in range(4, int(math.log2(max_len)) + 1)]
+    jobs = [(name, n, batch, heads, head_dim, repeats) for name in SCORERS for n in lengths]
+    with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+        rows = pool.starmap(_time_scorer, jobs)
+    exponents = {}
+    for name in SCORERS:
+        mine = [r for r in rows if r["scorer"] == name]
+        tail = mine[-max(2, len(mine) // 2):]  # the longer half, at least two points
+        if len(tail) > 1:
+            exponents[name] = {
+                "time": round(growth_exponent([r["length"] for r in tail], [r["ms"] for r in tail]), 2),
+                "memory": round(growth_exponent([r["length"] for r in tail],
+                                                [r["peak_mb"] for r in tail]), 2)}
+    if plot:
+        save_loglog(plot, {name: ([r["length"] for r in rows if r["scorer"] == name],
+                                  [r["ms"] for r in rows if r["scorer"] == name]) for name in SCORERS},
+                    "source = target length", "forward + backward (ms)",
+                    f"Attention scorers alone (batch {batch}, {heads} heads, d {head_dim})")
+    return {"bench": "attention", "batch": batch, "heads": heads, "head_dim": head_dim,
+            "rows": rows, "exponents": exponents, "threads": torch.get_num_threads()}

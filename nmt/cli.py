@@ -189,6 +189,12 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
         print_table([{k: v for k, v in summary.items() if k != "bench"}])
     elif extra:
         raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
+    elif args.what == "attention":
+        summary = bench.bench_attention(args.max_len, args.batch, args.heads, args.head_dim,
+                                        plot=args.plot)
+        print_table(summary["rows"])
+        print_table([{"scorer": k, "time_exponent": v["time"], "memory_exponent": v["memory"]}
+                     for k, v in summary["exponents"].items()])
     else:
         beams = [int(b) for b in args.beam.split(",")]
         summary = bench.bench_decode(args.checkpoint, beams, args.split, args.limit)
@@ -257,6 +263,13 @@ def parser() -> argparse.ArgumentParser:
     bench_decode.add_argument("--beam", default="1,5", help="comma-separated beam sizes")
     bench_decode.add_argument("--split", default="test")
     bench_decode.add_argument("--limit", type=int, help="first N sentences only")
+    bench_attention = what.add_parser("attention", help="each scorer's cost as length grows")
+    bench_attention.add_argument("--max-len", type=int, default=1024)
+    bench_attention.add_argument("--batch", type=int, default=2)
+    bench_attention.add_argument("--heads", type=int, default=4)
+    bench_attention.add_argument("--head-dim", type=int, default=32)
+    bench_attention.add_argument("--plot", default="results/bench_attention.png",
+                                 help="log-log plot of time against length")
     return top
 
 

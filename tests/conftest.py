@@ -63,14 +63,21 @@ def write_corpus(folder: Path, sizes=(("train", 300), ("val", 40), ("test", 30))
 def tiny_train_args(files: dict, run_dir: Path, data_dir: Path, epochs: int = 1) -> list[str]:
     """Command-line arguments for a seconds-long training run on ``write_corpus`` files."""
     return [
-        "train", "--config", str(REPO / "configs" / "transformer.yaml"),
-        "--run-dir", str(run_dir), "--max-epochs", str(epochs), "--seed", "3",
+        "train", "--run-dir", str(run_dir), "--max-epochs", str(epochs),
+        *tiny_options(files, data_dir), "trainer.log_every_n_steps=1",
+        "trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
+    ]
+
+
+def tiny_options(files: dict, data_dir: Path) -> list[str]:
+    """Config, seed, data and a tiny Transformer: the options shared by train and bench."""
+    return [
+        "--config", str(REPO / "configs" / "transformer.yaml"), "--seed", "3",
         f"data.train_files=[{','.join(files['train'])}]",
         f"data.val_files=[{','.join(files['val'])}]",
         f"data.test_files=[{','.join(files['test'])}]",
         f"data.data_dir={data_dir}", "data.vocab_size=100", "data.max_tokens=600",
         "model.d_model=32", "model.heads=2", "model.ff_dim=64",
         "model.encoder_layers=1", "model.decoder_layers=1",
-        "optim.warmup_steps=10", "trainer.log_every_n_steps=1",
-        "trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
+        "optim.warmup_steps=10",
     ]

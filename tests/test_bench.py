@@ -1,0 +1,58 @@
+"""Benchmarks run and report sane numbers (no speed assertions: those are not tests)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nmt.bench import growth_exponent
+from nmt.cli import main
+
+from .conftest import tiny_options, tiny_train_args, write_corpus
+
+
+def last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_growth_exponent_recovers_power_law():
+    lengths = [16, 32, 64, 128]
+    assert growth_exponent(lengths, [3 * n**2 for n in lengths]) == pytest.approx(2.0)
+    assert growth_exponent(lengths, [5 * n for n in lengths]) == pytest.approx(1.0)
+
+
+def test_bench_attention(tmp_path, capsys):
+    plot = tmp_path / "attention.png"
+    assert main(["bench", "attention", "--max-len", "32", "--plot", str(plot)]) == 0
+    summary = last_json(capsys.readouterr().out)
+    assert {r["scorer"] for r in summary["rows"]} == {"additive", "dot", "general", "scaled_dot"}
+    assert all(r["ms"] > 0 for r in summary["rows"]) and plot.is_file()
+    assert set(summary["exponents"]) == {"additive", "dot", "general", "scaled_dot"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench")
+    files = write_corpus(folder)
+    assert main(tiny_train_args(files, folder / "run", folder / "data", epochs=1)) == 0
+    return tiny_options(files, folder / "data"), folder / "run"
+
+
+def test_bench_train(tiny, capsys):
+    options, _ = tiny
+    capsys.readouterr()
+    assert main(["bench", "train", *options, "--steps", "3", "--warmup", "1"]) == 0
+    summary = last_json(capsys.readouterr().out)
+    assert summary["steps"] == 3 and summary["tgt_tok_per_s"] > 0
+    assert summary["train_gflop_per_tgt_token"] > 0 and 0 < summary["mfu"]
+
+
+def test_bench_decode(tiny, capsys):
+    _, run = tiny
+    assert main(["bench", "decode", "--checkpoint", str(run), "--beam", "1,3",
+                 "--split", "test", "--limit", "10"]) == 0
+    summary = last_json(capsys.readouterr().out)
+    modes = [r["mode"] for r in summary["rows"]]
+    assert modes == ["greedy", "beam3", "greedy_recompute"]
+    assert summary["sentences"] == 10 and summary["beam_cost_vs_greedy"]["greedy"] == 1.0
