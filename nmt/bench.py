@@ -23,7 +23,7 @@ from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.models import build_model
 from nmt.plots import save_loglog
 from nmt.search import max_output_lengths, restrict
-from nmt.training import TranslationModule, peak_rss_mb
+from nmt.training import TranslationModule, peak_rss_mb, resolve_precision
 from nmt.translator import Translator
 
 
@@ -68,7 +68,8 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     trainer = L.Trainer(
         max_steps=warmup + steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
-        accelerator=config.trainer.accelerator, devices=1, precision=config.trainer.precision,
+        accelerator=config.trainer.accelerator, devices=1,
+        precision=resolve_precision(config.trainer.precision),
         gradient_clip_val=config.trainer.gradient_clip_val,
     )
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
@@ -90,6 +91,7 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
         "mfu": round(achieved / peak, 3),
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "threads": torch.get_num_threads(),
+        "precision": trainer.precision,
     }
 
 

@@ -62,7 +62,7 @@ class TrainerConfig:
     devices: Any = "auto"
     num_nodes: int = 1
     strategy: str = "auto"
-    precision: str = "32-true"
+    precision: str = "auto"  # bf16-mixed where the hardware has bf16 matmuls, else 32-true
     gradient_clip_val: float = 1.0
     accumulate_grad_batches: int = 1
     val_check_interval: Any = 1.0
