@@ -21,7 +21,7 @@ from nmt.data.corpus import load_corpus
 from nmt.data.module import TranslationDataModule, decoding_loader, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.models import build_model
-from nmt.plots import save_loglog
+from nmt.plots import save_lines
 from nmt.search import max_output_lengths, restrict
 from nmt.training import TranslationModule, peak_rss_mb, resolve_precision
 from nmt.translator import Translator
@@ -196,9 +196,10 @@ def bench_attention(max_len: int = 1024, batch: int = 2, heads: int = 4, head_di
                 "memory": round(growth_exponent([r["length"] for r in tail],
                                                 [r["peak_mb"] for r in tail]), 2)}
     if plot:
-        save_loglog(plot, {name: ([r["length"] for r in rows if r["scorer"] == name],
+        save_lines(plot, {name: ([r["length"] for r in rows if r["scorer"] == name],
                                   [r["ms"] for r in rows if r["scorer"] == name]) for name in SCORERS},
                     "source = target length", "forward + backward (ms)",
-                    f"Attention scorers alone (batch {batch}, {heads} heads, d {head_dim})")
+                    f"Attention scorers alone (batch {batch}, {heads} heads, d {head_dim})",
+                   loglog=True)
     return {"bench": "attention", "batch": batch, "heads": heads, "head_dim": head_dim,
             "rows": rows, "exponents": exponents, "threads": torch.get_num_threads()}

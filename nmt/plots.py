@@ -72,11 +72,12 @@ def save_scatter(path: str | Path, xs: list[float], ys: list[float], labels: lis
     _save(fig, path)
 
 
-def save_loglog(path: str | Path, series: dict[str, tuple[list[float], list[float]]],
-                xlabel: str, ylabel: str, title: str) -> None:
+def save_lines(path: str | Path, series: dict[str, tuple[list[float], list[float]]],
+               xlabel: str, ylabel: str, title: str, loglog: bool = False) -> None:
+    """One line per named series of (xs, ys); log-log axes on request."""
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for name, (xs, ys) in series.items():
-        ax.loglog(xs, ys, marker="o", label=name)
+        (ax.loglog if loglog else ax.plot)(xs, ys, marker="o", label=name)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -130,6 +130,9 @@ class TranslationModule(L.LightningModule):
         val_loss = self.trainer.strategy.reduce(self._val_loss, reduce_op="sum")
         self.log("val_loss", val_loss[0] / val_loss[1].clamp(min=1), prog_bar=True)
         self.log("val_bleu", bleu_from_statistics(stats.tolist()), prog_bar=True)
+        # Wall-clock minutes since the run began (resumed segments included): learning curves.
+        minutes = (self.totals["wall_seconds"] + time.perf_counter() - self._fit_start) / 60
+        self.log("wall_minutes", minutes)
 
     def configure_optimizers(self):
         optim = self.optim
