@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
+from nmt.config import load_config
 from nmt.data.corpus import load_corpus
 from nmt.errors import NMTError
 from nmt.plots import attention_matrix, save_attention_grid, save_bar_chart, save_scatter
@@ -141,7 +142,7 @@ def run_compare(cfg: CompareConfig, preset: str, out: Path, extra: list[str]) ->
                                cell_overrides(cfg, preset, c.family, extra), out / "runs")
             for c in cells}
 
-    test = load_corpus(Translator.from_run_dir(runs[cells[0].name], "cpu").config.data)["test"]
+    test = load_corpus(load_config(runs[cells[0].name] / "config.yaml").data)["test"]  # shared
     sources, refs = list(test["src"]), list(test["tgt"])
     results = {}
     for c in cells:
