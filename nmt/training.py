@@ -86,7 +86,7 @@ class TranslationModule(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         loss, tokens = self._loss(batch, self.optim.label_smoothing)
-        self._epoch_tokens += int(tokens)
+        self._epoch_tokens += tokens.detach()  # a tensor: no device sync per step
         self.log("train_loss", loss, prog_bar=True, batch_size=batch.src.size(0))
         self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=batch.src.size(0))
         return loss
@@ -95,8 +95,9 @@ class TranslationModule(L.LightningModule):
         self._epoch_seconds += time.perf_counter() - self._step_start  # forward..optimizer step
 
     def on_train_epoch_end(self) -> None:
-        self.log("train_tgt_tok_per_s", self._epoch_tokens / max(self._epoch_seconds, 1e-9))
-        self.totals["tgt_tokens"] += self._epoch_tokens
+        tokens = int(self._epoch_tokens)
+        self.log("train_tgt_tok_per_s", tokens / max(self._epoch_seconds, 1e-9))
+        self.totals["tgt_tokens"] += tokens
         self.totals["step_seconds"] += self._epoch_seconds
         self._epoch_tokens, self._epoch_seconds = 0, 0.0
 
@@ -104,7 +105,7 @@ class TranslationModule(L.LightningModule):
         now = time.perf_counter()
         totals = dict(self.totals)
         totals["wall_seconds"] += now - self._fit_start
-        totals["tgt_tokens"] += self._epoch_tokens  # a checkpoint inside an epoch
+        totals["tgt_tokens"] += int(self._epoch_tokens)  # a checkpoint inside an epoch
         totals["step_seconds"] += self._epoch_seconds
         checkpoint["nmt_totals"] = totals
 
