@@ -133,7 +133,8 @@ def beam_search(
             attn_rows = [a[rows] for a in attn_rows]
         # Rows of the survivors, among all current rows: drops done sentences, reorders beams.
         state = select_rows(state, rows)
-        memory = select_rows(memory, rows)
+        if len(left) < len(alive):  # the K beams of a sentence share one memory: only drop
+            memory = select_rows(memory, (left.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1))
         alive = alive[left]
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
 
