@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from nmt.errors import NMTError
+from nmt.files import write_atomic
 
 # Named training flags -> the config key they set.
 TRAIN_FLAGS = {
@@ -90,21 +90,6 @@ def read_lines(path: str | None) -> list[str]:
     return text
 
 
-def write_text(path: str | Path, text: str) -> None:
-    """Write a whole file atomically, so an existing file is never left truncated."""
-    path = Path(path)
-    if path.is_dir():
-        raise NMTError(f"output {path} is a directory")
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise NMTError(f"cannot write {path}: {err.strerror}") from None
-
-
 def cmd_translate(args: argparse.Namespace) -> None:
     from nmt.translator import Translator
 
@@ -120,7 +105,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
         rows = [hyps[0].text for hyps in results]
     output = "".join(row + "\n" for row in rows)
     if args.output:
-        write_text(args.output, output)
+        write_atomic(args.output, output)
     else:
         sys.stdout.write(output)
 
@@ -162,8 +147,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     scores = score_corpus(hyps, list(references))
     scores.update(split=args.split, beam=beam)
     out = Path(args.checkpoint) / "eval"
-    write_text(out / f"{args.split}.beam{beam}.hyp", "".join(h + "\n" for h in hyps))
-    write_text(out / f"{args.split}.beam{beam}.json", json.dumps(scores, indent=2) + "\n")
+    write_atomic(out / f"{args.split}.beam{beam}.hyp", "".join(h + "\n" for h in hyps))
+    write_atomic(out / f"{args.split}.beam{beam}.json", json.dumps(scores, indent=2) + "\n")
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}")
     print(f"hypotheses and scores written to {out}/")

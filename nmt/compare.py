@@ -27,6 +27,7 @@ from sacrebleu.significance import PairedTest
 from nmt.config import load_config
 from nmt.data.corpus import load_corpus
 from nmt.errors import NMTError
+from nmt.files import write_atomic
 from nmt.plots import attention_matrix, save_attention_grid, save_bar_chart, save_scatter
 from nmt.translator import Translator
 
@@ -97,7 +98,7 @@ def decode_cell(run_dir: Path, split_src: list[str], beam: int) -> dict:
     hyps = [h[0].text for h in translator.translate(split_src, beam_size=beam)]
     seconds = time.perf_counter() - start
     result = {"hypotheses": hyps, "decode_sent_per_s": round(len(split_src) / seconds, 2)}
-    cache.write_text(json.dumps(result))
+    write_atomic(cache, json.dumps(result))
     return result
 
 

@@ -8,7 +8,6 @@ depend on the family; the family's constructor checks them (see ``nmt.models``).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.errors import NMTError
+from nmt.files import write_atomic
 
 
 @dataclass
@@ -121,10 +121,7 @@ def to_dict(config: Config) -> dict:
 
 def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved config as YAML, atomically (temporary file, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-    os.replace(tmp, path)
+    write_atomic(path, yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 def run_dir_of(config: Config) -> Path:

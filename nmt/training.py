@@ -26,6 +26,7 @@ from nmt.data.batching import Batch
 from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.tokenizer import PAD, Tokenizer
 from nmt.errors import NMTError
+from nmt.files import write_atomic
 from nmt.loss import smoothed_cross_entropy
 from nmt.metrics import bleu_from_statistics, bleu_statistics
 from nmt.models import build_model, check_model_config
@@ -287,7 +288,4 @@ def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Train
         "best_val_bleu": round(float(best), 2) if best is not None else None,
         "world_size": trainer.world_size,
     }
-    path = run_dir / "train_stats.json"
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(stats, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(run_dir / "train_stats.json", json.dumps(stats, indent=2) + "\n")
