@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from nmt.allocator import keep_freed_memory
 from nmt.errors import NMTError
 from nmt.files import write_atomic
 
@@ -260,6 +261,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parser().parse_known_args(argv)
+    keep_freed_memory()
     try:
         if args.command == "train":
             cmd_train(args, extra)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 import yaml
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
@@ -27,7 +28,6 @@ from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.tokenizer import PAD, Tokenizer
 from nmt.errors import NMTError
 from nmt.files import write_atomic
-from nmt.loss import smoothed_cross_entropy
 from nmt.metrics import bleu_from_statistics, bleu_statistics
 from nmt.models import build_model, check_model_config
 from nmt.search import greedy_search
@@ -69,9 +69,10 @@ class TranslationModule(L.LightningModule):
     def _loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean token loss over non-pad targets, and the number of such tokens."""
         logits = self.model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
-        return smoothed_cross_entropy(
-            logits.flatten(0, 1), batch.tgt_out.flatten(), label_smoothing, PAD
-        )
+        target = batch.tgt_out.flatten()
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=PAD,
+                               label_smoothing=label_smoothing)  # fp32 softmax under bf16
+        return loss, (target != PAD).sum()
 
     def on_fit_start(self) -> None:
         self._fit_start = time.perf_counter()

@@ -1,11 +1,13 @@
 """Training-step levers measured side by side in one process (ratios, not absolute speeds).
 
-    python scripts/bench_levers.py configs/transformer.yaml [--steps 6]
+    python scripts/bench_levers.py configs/transformer.yaml [--steps 14]
 
-Each variant trains a fresh model on the same real batches (Multi30k, the config's token
-budget) and reports seconds per optimizer step and its speed-up over the first variant:
-torch's label-smoothed cross-entropy vs ours (nmt.loss), float32 vs bf16 autocast, and
-(Transformer) dropout on attention weights and inside the feed-forward layer on vs off.
+Every variant trains a fresh model on the same real batches (Multi30k, the config's token
+budget). The reference is the shipped setup: glibc malloc keeping freed memory
+(nmt.allocator), bf16 autocast and, for the Transformer, the explicit attention path at
+sentence lengths with no dropout on attention weights or inside the feed-forward layer.
+Each other variant turns one lever off; its speed-up is its seconds per step over the
+reference's.
 """
 
 from __future__ import annotations
@@ -13,71 +15,84 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from nmt.allocator import keep_freed_memory
+from nmt.attention import ScaledDotScorer
 from nmt.config import load_config
 from nmt.data.batching import TokenBatchSampler, collate
 from nmt.data.module import prepare_data, split_dataset
 from nmt.data.tokenizer import PAD
-from nmt.loss import smoothed_cross_entropy
 from nmt.models import build_model
 
 
-def torch_loss(logits, target, smoothing):
-    return F.cross_entropy(logits.float(), target, ignore_index=PAD, label_smoothing=smoothing)
+@dataclass
+class Variant:
+    name: str
+    model_overrides: dict
+    bf16: bool = True
+    fused_attention_everywhere: bool = False
 
 
-def our_loss(logits, target, smoothing):
-    return smoothed_cross_entropy(logits, target, smoothing, PAD)[0]
-
-
-def seconds_per_step(model_cfg, vocab, batches, loss_fn, bf16: bool, smoothing: float) -> float:
+def seconds_per_step(variant: Variant, model_cfg: dict, vocab: int, batches, smoothing) -> float:
     torch.manual_seed(0)
-    model = build_model(model_cfg, vocab)
+    model = build_model({**model_cfg, **variant.model_overrides}, vocab)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    fused_from = 0 if variant.fused_attention_everywhere else ScaledDotScorer.FUSED_CPU_MIN_SCORES
 
     def step(batch):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=variant.bf16):
             logits = model(batch.src, batch.src_mask, batch.tgt_in)
-            loss = loss_fn(logits.flatten(0, 1), batch.tgt_out.flatten(), smoothing)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                                   ignore_index=PAD, label_smoothing=smoothing)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
-    step(batches[0])  # warm-up
-    start = time.perf_counter()
-    for batch in batches[1:]:
-        step(batch)
-    return (time.perf_counter() - start) / (len(batches) - 1)
+    default_from, ScaledDotScorer.FUSED_CPU_MIN_SCORES = ScaledDotScorer.FUSED_CPU_MIN_SCORES, fused_from
+    try:
+        step(batches[0])  # warm-up
+        start = time.perf_counter()
+        for batch in batches[1:]:
+            step(batch)
+        return (time.perf_counter() - start) / (len(batches) - 1)
+    finally:
+        ScaledDotScorer.FUSED_CPU_MIN_SCORES = default_from
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=14)
     args = parser.parse_args()
     cfg = load_config(args.config)
     data = prepare_data(cfg.data)
     train = split_dataset(data, "train", cfg.data.max_len)
     sampler = TokenBatchSampler(train.lengths(), cfg.data.max_tokens, shuffle=True, seed=1)
     batches = [collate([train[i] for i in b]) for b in list(sampler)[: args.steps + 1]]
-    smoothing = cfg.optim.label_smoothing
-    variants = [("torch loss, fp32", cfg.model, torch_loss, False),
-                ("our loss, fp32", cfg.model, our_loss, False),
-                ("torch loss, bf16", cfg.model, torch_loss, True),
-                ("our loss, bf16", cfg.model, our_loss, True)]
+    reference = Variant("shipped setup (reference)", {})
+    off = [Variant("fp32 (no bf16 autocast)", {}, bf16=False)]
     if cfg.model["family"] == "transformer":
-        with_dropout = {**cfg.model, "attention_dropout": 0.1, "ff_dropout": 0.1}
-        variants += [("our loss, bf16, attn+ff dropout 0.1", with_dropout, our_loss, True)]
-    results = {}
-    for name, model_cfg, loss_fn, bf16 in variants:
-        results[name] = seconds_per_step(model_cfg, len(data.tokenizer), batches, loss_fn, bf16,
-                                         smoothing)
-        first = next(iter(results.values()))
-        print(f"{name:40s} {results[name]:.3f} s/step  {first / results[name]:.2f}x", flush=True)
+        off += [Variant("fused SDPA at every length", {}, fused_attention_everywhere=True),
+                Variant("attn+ff dropout 0.1", {"attention_dropout": 0.1, "ff_dropout": 0.1})]
+
+    def measure(variant: Variant) -> float:
+        return seconds_per_step(variant, cfg.model, len(data.tokenizer), batches,
+                                cfg.optim.label_smoothing)
+
+    # The allocator is process-wide and cannot be switched back: measure it off first.
+    results = {"glibc malloc default (mmap per big tensor)": measure(reference)}
+    keep_freed_memory()
+    results[reference.name] = measure(reference)
+    results.update((v.name, measure(v)) for v in off)
+    ref = results[reference.name]
+    print(f"{'variant':45s} {'s/step':>7s}  lever's speed-up")
+    for name, sec in results.items():
+        print(f"{name:45s} {sec:7.3f}  {'-' if name == reference.name else f'{sec / ref:.2f}x'}")
     print(json.dumps({"bench": "levers", "config": args.config,
                       "sec_per_step": {k: round(v, 4) for k, v in results.items()}}))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nmt.attention import SCORERS, MultiHeadAttention, build_scorer
+from nmt.attention import SCORERS, MultiHeadAttention, ScaledDotScorer, build_scorer
 from nmt.errors import NMTError
 
 
@@ -37,7 +37,10 @@ def test_additive_is_bahdanau_formula():
     torch.testing.assert_close(scorer.score(q, scorer.prepare_keys(k)), expected)
 
 
-def test_scaled_dot_fused_equals_explicit():
+@pytest.mark.parametrize("fused_from", [0, ScaledDotScorer.FUSED_CPU_MIN_SCORES])
+def test_scaled_dot_fused_equals_explicit(monkeypatch, fused_from):
+    """The fused kernel (taken from ``fused_from`` scores on CPU) equals the explicit path."""
+    monkeypatch.setattr(ScaledDotScorer, "FUSED_CPU_MIN_SCORES", fused_from)
     torch.manual_seed(0)
     scorer = build_scorer("scaled_dot", 16, 16, 16)
     q, k, v = torch.randn(2, 4, 3, 16), torch.randn(2, 4, 7, 16), torch.randn(2, 4, 7, 16)
@@ -45,7 +48,7 @@ def test_scaled_dot_fused_equals_explicit():
     mask[..., 0] = True
     fused, none = scorer.attend(q, k, v, mask, need_weights=False)
     explicit, weights = scorer.attend(q, k, v, mask, need_weights=True)
-    assert none is None and weights is not None
+    assert weights is not None and (none is None) == (fused_from == 0)
     torch.testing.assert_close(fused, explicit)
 
 
