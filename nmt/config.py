@@ -49,6 +49,7 @@ class OptimConfig:
     plateau_factor: float = 0.5  # plateau: lr *= factor when validation BLEU stalls
     plateau_patience: int = 1
     min_lr: float = 1e-6
+    ema_decay: float = 0.0  # > 0: evaluate and save an EMA of the weights (nmt.training.WeightEMA)
 
 
 @dataclass

@@ -18,7 +18,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 import yaml
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, WeightAveraging
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -46,6 +46,34 @@ def inverse_sqrt(warmup: int):
 SCHEDULES = ("inverse_sqrt", "plateau", "constant")
 
 
+def ramped_ema(decay: float):
+    """``AveragedModel`` update: EMA whose decay after n updates is min(decay, (1+n)/(10+n))."""
+
+    def update(averaged: torch.Tensor, current: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        d = ((1 + n) / (10 + n)).clamp(max=decay)
+        return averaged + (current - averaged) * (1 - d)
+
+    return update
+
+
+class WeightEMA(WeightAveraging):
+    """Exponential moving average of the weights (Polyak averaging), validated and saved in
+    place of the raw weights; it smooths out the noise of large learning rates.
+
+    The decay ramps up as (1 + n) / (10 + n) after n updates, capped at ``decay``, so the
+    average soon forgets the random initialisation and spans about the last tenth of the
+    steps so far: the same rule suits a 15-minute and a 15-hour run.
+    """
+
+    def __init__(self, decay: float):
+        super().__init__(avg_fn=ramped_ema(decay))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Keep the raw weights in the module (Lightning would copy the average in), so that
+        the last.ckpt written after training resumes exactly; every checkpoint holds the
+        average as its ``state_dict`` and the raw weights as ``current_model_state``."""
+
+
 class TranslationModule(L.LightningModule):
     """Label-smoothed cross-entropy training; validation loss and greedy-decoding BLEU."""
 
@@ -65,6 +93,7 @@ class TranslationModule(L.LightningModule):
         # Running totals over the whole run, resumed segments included (kept in checkpoints).
         self.totals = {"tgt_tokens": 0, "step_seconds": 0.0, "wall_seconds": 0.0}
         self._fit_start = time.perf_counter()
+        self.validated_step = -1  # global step of the latest validation
 
     def _loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean token loss over non-pad targets, and the number of such tokens."""
@@ -133,6 +162,7 @@ class TranslationModule(L.LightningModule):
         val_loss = self.trainer.strategy.reduce(self._val_loss, reduce_op="sum")
         self.log("val_loss", val_loss[0] / val_loss[1].clamp(min=1), prog_bar=True)
         self.log("val_bleu", bleu_from_statistics(stats.tolist()), prog_bar=True)
+        self.validated_step = self.global_step
         # Wall-clock minutes since the run began (resumed segments included): learning curves.
         minutes = (self.totals["wall_seconds"] + time.perf_counter() - self._fit_start) / 60
         self.log("wall_minutes", minutes)
@@ -214,6 +244,8 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         ModelCheckpoint(dirpath=run_dir, filename="last", enable_version_counter=False),
         EarlyStopping(monitor="val_bleu", mode="max", patience=t.early_stopping_patience),
     ]
+    if config.optim.ema_decay > 0:
+        callbacks.append(WeightEMA(config.optim.ema_decay))
     return L.Trainer(
         default_root_dir=run_dir,
         max_epochs=t.max_epochs,
@@ -266,17 +298,25 @@ def train(config: Config) -> Path:
     trainer = build_trainer(config, run_dir)
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
-    # --max-time can stop inside an epoch, after the last validation: keep that progress too.
+    best = trainer.checkpoint_callback.best_model_score
+    best = float(best) if best is not None else None
+    if module.validated_step < trainer.global_step:
+        # A step budget stopped inside an epoch (Lightning validates itself only when a time
+        # budget stops it): validate that last stretch too, and keep it if it scores higher.
+        bleu = trainer.validate(module, datamodule=datamodule, verbose=False)[0]["val_bleu"]
+        if best is None or bleu > best:
+            trainer.save_checkpoint(run_dir / "best.ckpt")
+            best = bleu
     trainer.save_checkpoint(run_dir / "last.ckpt")
     if trainer.is_global_zero:
-        write_train_stats(run_dir, module, trainer)
+        write_train_stats(run_dir, module, trainer, best)
     return run_dir
 
 
-def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Trainer) -> None:
+def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Trainer,
+                      best: float | None) -> None:
     """train_stats.json: the run's totals (all resumed segments), read by ``compare``."""
     totals = torch.load(run_dir / "last.ckpt", map_location="cpu", weights_only=False)["nmt_totals"]
-    best = trainer.checkpoint_callback.best_model_score
     stats = {
         "wall_seconds": round(totals["wall_seconds"], 1),
         "train_step_seconds": round(totals["step_seconds"], 1),
@@ -286,7 +326,7 @@ def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Train
         "epochs": trainer.current_epoch,
         "parameters": sum(p.numel() for p in module.model.parameters()),
         "peak_rss_mb": round(peak_rss_mb(), 1),
-        "best_val_bleu": round(float(best), 2) if best is not None else None,
+        "best_val_bleu": round(best, 2) if best is not None else None,
         "world_size": trainer.world_size,
     }
     write_atomic(run_dir / "train_stats.json", json.dumps(stats, indent=2) + "\n")

@@ -3,6 +3,7 @@ resume after interruption, DDP on two CPU processes, and bad input."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -192,3 +193,26 @@ def test_killed_run_resumes_to_the_same_weights(corpus, run):
     straight, resumed = _weights(run / "last.ckpt"), _weights(run_dir / "last.ckpt")
     for key in straight:
         torch.testing.assert_close(resumed[key], straight[key], msg=key)
+
+
+def _validations(run_dir) -> list[tuple[int, float]]:
+    """(logged step, val_bleu) of every validation in a run's metrics.csv."""
+    with open(run_dir / "logs" / "version_0" / "metrics.csv") as f:
+        return [(int(r["step"]), float(r["val_bleu"])) for r in csv.DictReader(f) if r["val_bleu"]]
+
+
+def test_budget_ending_inside_an_epoch_validates_the_tail(corpus, run, tmp_path):
+    """A step budget that ends inside an epoch still validates the last stretch,
+    and best.ckpt holds whichever validated weights scored higher."""
+    folder, files = corpus
+    steps_per_epoch = _validations(run)[0][0] + 1
+    run_dir = tmp_path / "tail"
+    args = tiny_train_args(files, run_dir, folder / "data", epochs=5)
+    assert main(args + [f"trainer.max_steps={steps_per_epoch + 2}"]) == 0
+    (epoch_step, epoch_bleu), (tail_step, tail_bleu) = _validations(run_dir)
+    assert (epoch_step, tail_step) == (steps_per_epoch - 1, steps_per_epoch + 2)
+    best = torch.load(run_dir / "best.ckpt", map_location="cpu", weights_only=False)
+    assert best["global_step"] == (steps_per_epoch + 2 if tail_bleu > epoch_bleu else steps_per_epoch)
+    stats = json.loads((run_dir / "train_stats.json").read_text())
+    assert stats["steps"] == steps_per_epoch + 2
+    assert stats["best_val_bleu"] == round(max(epoch_bleu, tail_bleu), 2)
