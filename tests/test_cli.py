@@ -124,8 +124,8 @@ def test_incompatible_checkpoint_and_output_not_truncated(run, tmp_path, capsys)
     assert out.read_text() == "earlier results\n"
 
 
-def _weights(path):
-    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+def _weights(path, key="state_dict"):
+    return torch.load(path, map_location="cpu", weights_only=False)[key]
 
 
 def test_resume_continues_like_an_uninterrupted_run(corpus, run):
@@ -137,6 +137,26 @@ def test_resume_continues_like_an_uninterrupted_run(corpus, run):
     assert straight.keys() == again.keys()
     for key in straight:
         torch.testing.assert_close(again[key], straight[key], msg=key)
+
+
+def test_weight_ema_is_saved_and_resumes_exactly(corpus, run, tmp_path):
+    """With optim.ema_decay the checkpoints hold the average (what translate loads) and the
+    raw weights; a run resumed after its first epoch ends with both equal to a straight run's."""
+    folder, files = corpus
+    ema = ["optim.ema_decay=0.99"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main(tiny_train_args(files, straight, folder / "data", epochs=2) + ema) == 0
+    assert main(tiny_train_args(files, resumed, folder / "data", epochs=1) + ema) == 0
+    assert main(tiny_train_args(files, resumed, folder / "data", epochs=2) + ema) == 0
+    for key in ("state_dict", "current_model_state"):
+        want, got = _weights(straight / "last.ckpt", key), _weights(resumed / "last.ckpt", key)
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], msg=f"{key} {name}")
+    average, raw = (_weights(straight / "last.ckpt", k) for k in ("state_dict", "current_model_state"))
+    assert any(not torch.equal(average[k], raw[k]) for k in raw)
+    # The raw weights are those of the run without averaging: EMA only observes training.
+    for name, value in _weights(run / "last.ckpt").items():
+        torch.testing.assert_close(raw[name], value, msg=name)
 
 
 def test_ddp_on_two_cpu_processes(corpus, tmp_path):
