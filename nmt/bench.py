@@ -27,13 +27,17 @@ from nmt.training import TranslationModule, peak_rss_mb, resolve_precision
 from nmt.translator import Translator
 
 
-def matmul_peak_gflops(n: int = 2048, repeats: int = 10) -> float:
-    """Achieved float32 GFLOP/s of an n x n matmul: the reference for utilisation."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_peak_gflops(dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                       n: int = 2048, repeats: int = 10) -> float:
+    """Achieved GFLOP/s of an n x n matmul in ``dtype``: the reference for utilisation."""
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     a @ b  # warm-up
+    sync = torch.cuda.synchronize if a.is_cuda else lambda: None
+    sync()
     start = time.perf_counter()
     for _ in range(repeats):
         a @ b
+    sync()
     return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
@@ -74,7 +78,11 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     )
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     trainer.fit(module, datamodule=datamodule)
-    peak = matmul_peak_gflops()
+    device = trainer.strategy.root_device
+    peak = matmul_peak_gflops(torch.float32, device)
+    # Under bf16/fp16 the matmuls run in that type: utilisation against its peak too.
+    dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(str(trainer.precision).split("-")[0])
+    precision_peak = matmul_peak_gflops(dtype, device) if dtype else peak
     achieved = timer.flops / timer.seconds / 1e9
     return {
         "bench": "train",
@@ -89,6 +97,8 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
         "achieved_gflops": round(achieved, 1),
         "matmul_peak_gflops": round(peak, 1),
         "mfu": round(achieved / peak, 3),
+        "precision_peak_gflops": round(precision_peak, 1),
+        "mfu_at_precision": round(achieved / precision_peak, 3),
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "threads": torch.get_num_threads(),
         "precision": trainer.precision,

@@ -46,6 +46,8 @@ def test_bench_train(tiny, capsys):
     summary = last_json(capsys.readouterr().out)
     assert summary["steps"] == 3 and summary["tgt_tok_per_s"] > 0
     assert summary["train_gflop_per_tgt_token"] > 0 and 0 < summary["mfu"]
+    mixed = summary["precision"] != "32-true"
+    assert (summary["precision_peak_gflops"] != summary["matmul_peak_gflops"]) == mixed
 
 
 def test_bench_decode(tiny, capsys):
