@@ -94,6 +94,7 @@ class TranslationModule(L.LightningModule):
         self.totals = {"tgt_tokens": 0, "step_seconds": 0.0, "wall_seconds": 0.0}
         self._fit_start = time.perf_counter()
         self.validated_step = -1  # global step of the latest validation
+        self._epoch_tokens, self._epoch_seconds = 0, 0.0
 
     def _loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean token loss over non-pad targets, and the number of such tokens."""
@@ -139,9 +140,11 @@ class TranslationModule(L.LightningModule):
         totals["tgt_tokens"] += int(self._epoch_tokens)  # a checkpoint inside an epoch
         totals["step_seconds"] += self._epoch_seconds
         checkpoint["nmt_totals"] = totals
+        checkpoint["nmt_validated_step"] = self.validated_step  # a finished run is not re-validated
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.totals = dict(checkpoint.get("nmt_totals", self.totals))
+        self.validated_step = checkpoint.get("nmt_validated_step", -1)
 
     def on_validation_epoch_start(self) -> None:
         self._val_hyps, self._val_idx = [], []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -236,3 +237,16 @@ def test_budget_ending_inside_an_epoch_validates_the_tail(corpus, run, tmp_path)
     stats = json.loads((run_dir / "train_stats.json").read_text())
     assert stats["steps"] == steps_per_epoch + 2
     assert stats["best_val_bleu"] == round(max(epoch_bleu, tail_bleu), 2)
+
+
+def test_rerunning_a_finished_run_changes_nothing(corpus, run, tmp_path):
+    """The same command on a finished run exits 0 without training or validating again."""
+    folder, files = corpus
+    copy = tmp_path / "again"
+    shutil.copytree(run, copy)
+    assert main(tiny_train_args(files, copy, folder / "data", epochs=2)) == 0
+    validations = [row for log in (copy / "logs").glob("version_*/metrics.csv")
+                   for row in csv.DictReader(open(log)) if row["val_bleu"]]
+    assert len(validations) == len(_validations(run))
+    for name, value in _weights(run / "last.ckpt").items():
+        torch.testing.assert_close(_weights(copy / "last.ckpt")[name], value, msg=name)
