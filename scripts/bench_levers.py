@@ -16,6 +16,7 @@ import argparse
 import json
 import time
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -53,15 +54,12 @@ def seconds_per_step(variant: Variant, model_cfg: dict, vocab: int, batches, smo
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
-    default_from, ScaledDotScorer.FUSED_CPU_MIN_SCORES = ScaledDotScorer.FUSED_CPU_MIN_SCORES, fused_from
-    try:
+    with mock.patch.object(ScaledDotScorer, "FUSED_CPU_MIN_SCORES", fused_from):
         step(batches[0])  # warm-up
         start = time.perf_counter()
         for batch in batches[1:]:
             step(batch)
         return (time.perf_counter() - start) / (len(batches) - 1)
-    finally:
-        ScaledDotScorer.FUSED_CPU_MIN_SCORES = default_from
 
 
 def main() -> None:
