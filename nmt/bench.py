@@ -22,8 +22,9 @@ from nmt.data.module import TranslationDataModule, decoding_loader, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.models import build_model
 from nmt.plots import save_lines
+from nmt.precision import training_precision
 from nmt.search import max_output_lengths, restrict
-from nmt.training import TranslationModule, peak_rss_mb, resolve_precision
+from nmt.training import TranslationModule, peak_rss_mb
 from nmt.translator import Translator
 
 
@@ -69,11 +70,12 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     model = build_model(config.model, len(data.tokenizer))
     module = TranslationModule(model, data.tokenizer, config.optim, config.decoding, [], config.seed)
     timer = StepTimer(warmup)
+    precision = training_precision(config)
     trainer = L.Trainer(
         max_steps=warmup + steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
         accelerator=config.trainer.accelerator, devices=1,
-        precision=resolve_precision(config.trainer.precision),
+        precision=precision.precision,
         gradient_clip_val=config.trainer.gradient_clip_val,
     )
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
@@ -102,6 +104,7 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "threads": torch.get_num_threads(),
         "precision": trainer.precision,
+        "precision_reason": precision.reason,
     }
 
 

@@ -1,0 +1,69 @@
+"""precision: auto decides by measurement on CPU, and says why."""
+
+import pytest
+
+from nmt import precision
+from nmt.config import load_config
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(precision, "CACHE", tmp_path / "precision.json")
+    monkeypatch.setattr(precision, "has_native_bf16", lambda: True)
+    return tmp_path / "precision.json"
+
+
+def fake_timing(monkeypatch, fp32: float, bf16: float) -> list:
+    calls = []
+
+    def timing(shapes, rounds=2):
+        calls.append(shapes)
+        return {"fp32": fp32, "bf16": bf16}
+
+    monkeypatch.setattr(precision, "time_matmuls", timing)
+    return calls
+
+
+def test_explicit_precision_is_kept():
+    assert precision.resolve_precision("32-true").precision == "32-true"
+    assert precision.resolve_precision("bf16-mixed").reason == "set in the config"
+
+
+@pytest.mark.parametrize("fp32, bf16, chosen", [(1.0, 0.4, "bf16-mixed"),  # AMD / AMX: bf16 fast
+                                                (1.0, 2.0, "32-true"),  # Intel without AMX
+                                                (1.0, 0.95, "32-true")])  # within the margin
+def test_cpu_takes_the_faster_precision(cache, monkeypatch, fp32, bf16, chosen):
+    fake_timing(monkeypatch, fp32, bf16)
+    choice = precision.choose_cpu_precision([(8, 8, 8)])
+    assert choice.precision == chosen
+    assert f"{fp32 / bf16:.2f}x" in choice.reason and precision.cpu_model() in choice.reason
+
+
+def test_probe_is_cached_per_shapes(cache, monkeypatch):
+    calls = fake_timing(monkeypatch, 1.0, 0.5)
+    first = precision.choose_cpu_precision([(8, 8, 8)])
+    again = precision.choose_cpu_precision([(8, 8, 8)])
+    assert len(calls) == 1 and "cached" in again.reason and first.precision == again.precision
+    precision.choose_cpu_precision([(16, 8, 8)])  # other shapes: probed anew
+    assert len(calls) == 2 and cache.is_file()
+
+
+def test_no_native_bf16_means_fp32(cache, monkeypatch):
+    monkeypatch.setattr(precision, "has_native_bf16", lambda: False)
+    calls = fake_timing(monkeypatch, 1.0, 0.1)
+    assert precision.choose_cpu_precision([(8, 8, 8)]).precision == "32-true"
+    assert not calls  # nothing to measure
+
+
+def test_real_probe_times_both_types():
+    timing = precision.time_matmuls([(32, 16, 24)], rounds=1)
+    assert set(timing) == {"fp32", "bf16"} and all(t > 0 for t in timing.values())
+
+
+def test_training_precision_uses_the_model_shapes(cache, monkeypatch, capsys):
+    calls = fake_timing(monkeypatch, 1.0, 0.5)
+    config = load_config("configs/rnn_bahdanau.yaml", ["trainer.precision=auto"])
+    choice = precision.training_precision(config)
+    assert choice.precision == "bf16-mixed"
+    assert calls[0] == [(512, 512, 512), (512, 512, 1536), (512, 512, 8000)]
+    assert "precision: bf16-mixed" in capsys.readouterr().out
