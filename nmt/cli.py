@@ -92,7 +92,7 @@ def read_lines(path: str | None) -> list[str]:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    from nmt.translator import Translator
+    from nmt.translator import Translator, moses_nbest
 
     translator = Translator.from_run_dir(args.checkpoint, args.device)
     lines = read_lines(args.input)
@@ -100,8 +100,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
     results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn)
     if need_attn:
         plot_attention(results, args.plot_attention, args.attention_layer, args.attention_head)
-    if args.nbest > 1:  # Moses n-best format
-        rows = [f"{i} ||| {t.text} ||| {t.score:.4f}" for i, hyps in enumerate(results) for t in hyps]
+    if args.nbest > 1:
+        rows = moses_nbest(results)
     else:
         rows = [hyps[0].text for hyps in results]
     output = "".join(row + "\n" for row in rows)

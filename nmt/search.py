@@ -21,8 +21,14 @@ from nmt.models.base import Seq2Seq, select_rows
 @dataclass
 class Hypothesis:
     tokens: list[int]  # without BOS and EOS
-    score: float  # length-normalised log-probability
+    log_prob: float  # the model's log-probability of tokens + EOS
+    penalty: float = 1.0  # length penalty lp(len(tokens) + 1); greedy search uses none
     attention: Tensor | None = None  # (len(tokens) + 1, ..., S): per step, EOS included
+
+    @property
+    def score(self) -> float:
+        """The length-normalised log-probability that ranks hypotheses."""
+        return self.log_prob / self.penalty
 
 
 def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
@@ -33,12 +39,15 @@ def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
 def restrict(log_probs: Tensor, must_end: Tensor) -> Tensor:
     """Never emit PAD or BOS; where ``must_end`` (out of length budget) emit only EOS.
 
-    log_probs (..., V) with ``must_end`` broadcastable to its leading dims; changed in place.
+    A forced EOS keeps the model's own log-probability (as fairseq does): scoring it 0 would
+    give hypotheses cut at the length limit a bonus over those that ended by themselves.
+    log_probs (N, ..., V) with ``must_end`` (N,) boolean; changed in place.
     """
     log_probs[..., PAD] = float("-inf")
     log_probs[..., BOS] = float("-inf")
+    eos = log_probs[must_end, ..., EOS]  # (M, ...): a copy, taken before the row is cleared
     log_probs[must_end] = float("-inf")
-    log_probs[must_end, ..., EOS] = 0.0
+    log_probs[must_end, ..., EOS] = eos
     return log_probs
 
 
@@ -70,8 +79,8 @@ def greedy_search(
             break
     rows = torch.stack(tokens, 1).tolist()
     return [
-        Hypothesis(row[: row.index(EOS)] if EOS in row else row, score)
-        for row, score in zip(rows, scores.tolist())
+        Hypothesis(row[: row.index(EOS)] if EOS in row else row, log_prob)
+        for row, log_prob in zip(rows, scores.tolist())
     ]
 
 
@@ -148,6 +157,7 @@ def _finish(finished, alive, token, top_scores, source_rows, prefix, attn_rows, 
             continue
         row = source_rows[sentence, position].item()
         tokens = prefix[row, 1:].tolist()
-        score = top_scores[sentence, position].item() / length_penalty(len(tokens) + 1, alpha)
+        log_prob = top_scores[sentence, position].item()
         attention = torch.stack([a[row] for a in attn_rows]) if attn_rows is not None else None
-        finished[b].append(Hypothesis(tokens, score, attention))
+        finished[b].append(Hypothesis(tokens, log_prob, length_penalty(len(tokens) + 1, alpha),
+                                      attention))

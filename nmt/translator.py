@@ -26,10 +26,25 @@ from nmt.search import Hypothesis, beam_search, greedy_search
 @dataclass
 class Translation:
     text: str
-    score: float
+    score: float  # log_prob / length_penalty: what ranks the n-best list
     pieces: list[str]  # target pieces, for attention plots
     attention: torch.Tensor | None = None  # (len(pieces) + 1, ..., S), see models.base
     source: list[str] | None = None  # source pieces + EOS: the attention's columns
+    log_prob: float | None = None  # the model's log-probability of pieces + EOS
+    length_penalty: float = 1.0  # GNMT lp(len(pieces) + 1); 1 for greedy search
+
+
+def moses_nbest(results: list[list[Translation]]) -> list[str]:
+    """Moses n-best lines ``id ||| text ||| features ||| score``, id counting input lines
+    from 0. Features: ``logprob=`` the model's log-probability of the text's pieces + EOS,
+    ``lp=`` the length penalty it was divided by; score = logprob / lp."""
+    rows = []
+    for number, hyps in enumerate(results):
+        for t in hyps:
+            features = "" if t.log_prob is None else f"logprob= {t.log_prob:.4f} "
+            features += f"lp= {t.length_penalty:.4f}"
+            rows.append(f"{number} ||| {t.text} ||| {features} ||| {t.score:.4f}")
+    return rows
 
 
 def find_checkpoint(run_dir: Path) -> Path:
@@ -86,7 +101,7 @@ class Translator:
             raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, "
                            f"nbest {nbest}")
         ids = self.encode_lines(lines)
-        results: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in lines]
+        results = [[Translation("", 0.0, [], log_prob=0.0)] for _ in lines]  # empty lines
         todo = [i for i, seq in enumerate(ids) if seq]
         loader = decoding_loader(PairDataset([ids[i] for i in todo]), self.config.data.eval_max_tokens)
         for batch in loader:
@@ -117,7 +132,8 @@ class Translator:
     def _result(self, hyp: Hypothesis, src_ids: list[int]) -> Translation:
         """Detokenized text; attention cut to this sentence's source (+ EOS) columns."""
         translation = Translation(self.tokenizer.decode([hyp.tokens])[0], hyp.score,
-                                  self.tokenizer.pieces(hyp.tokens))
+                                  self.tokenizer.pieces(hyp.tokens), log_prob=hyp.log_prob,
+                                  length_penalty=hyp.penalty)
         if hyp.attention is not None:
             translation.attention = hyp.attention[..., : len(src_ids) + 1]
             translation.source = self.tokenizer.pieces(src_ids) + [EOS_PIECE]

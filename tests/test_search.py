@@ -3,10 +3,13 @@ incremental = full recompute, padding never changes a sentence's output."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from nmt.data.batching import collate
+from nmt.data.tokenizer import BOS, EOS
 from nmt.search import beam_search, greedy_search, length_penalty
 
 from .conftest import tiny_model
@@ -95,3 +98,63 @@ def test_beam_attention_rows_match_tokens(random_batch):
         assert hyp.attention.shape == (len(hyp.tokens) + 1, b.src.size(1))
         torch.testing.assert_close(hyp.attention.sum(-1), torch.ones(len(hyp.tokens) + 1))
         assert torch.all(hyp.attention[:, ~b.src_mask[i]] == 0)
+
+
+class ScriptedModel(torch.nn.Module):
+    """A stand-in model whose next-token distribution depends only on the previous token.
+
+    After BOS: EOS 0.3, token 5 0.6, token 4 0.1. After any other token: token 5 almost
+    surely, EOS 1e-4, so a hypothesis that starts with a word runs into the length limit.
+    """
+
+    max_positions = 64
+    AFTER_BOS = {EOS: 0.3, 5: 0.6, 4: 0.1}
+    LATER = {EOS: 1e-4, 5: 1 - 1e-4}
+
+    def encode(self, src, src_mask):
+        return {"mask": src_mask}
+
+    def init_state(self, memory):
+        return None
+
+    def decode_step(self, prev, state, memory, need_attn=False):
+        probs = torch.zeros(prev.size(0), 6)
+        for row, token in enumerate(prev.tolist()):
+            for word, p in (self.AFTER_BOS if token == BOS else self.LATER).items():
+                probs[row, word] = p
+        return probs.log(), state, None
+
+
+def test_a_hypothesis_cut_at_the_length_limit_pays_for_its_eos():
+    """Source of 1 piece + EOS, ratio 1: at most 7 output pieces (6 words + a forced EOS).
+    The forced EOS costs the model's log(1e-4), so the empty hypothesis (EOS first, log 0.3)
+    wins; scoring the forced EOS 0 would have made '5 5 5 5 5 5' win with log 0.6."""
+    model, b = ScriptedModel(), collate([(0, [7], [7])])
+    cut = math.log(0.6) + 5 * math.log(1 - 1e-4) + math.log(1e-4)
+    greedy = greedy_search(model, b.src, b.src_mask, max_len_ratio=1.0)[0]
+    assert greedy.tokens == [5] * 6 and greedy.log_prob == pytest.approx(cut)
+    hyps = beam_search(model, b.src, b.src_mask, beam_size=2, alpha=0.0, max_len_ratio=1.0,
+                       nbest=2)[0]
+    assert [h.tokens for h in hyps] == [[], [5] * 6]
+    assert [h.score for h in hyps] == pytest.approx([math.log(0.3), cut])
+
+
+@pytest.mark.parametrize("family", ["rnn", "transformer"])
+def test_hypothesis_log_prob_is_the_models_and_score_divides_it_by_the_penalty(family,
+                                                                               random_batch):
+    """What the n-best features report: log_prob equals the teacher-forced log-probability
+    of tokens + EOS, and score = log_prob / lp(len + 1)."""
+    model, b = _model(family, "dot"), random_batch
+    results = beam_search(model, b.src, b.src_mask, beam_size=3, nbest=3, alpha=0.6,
+                          max_len_ratio=1.0)
+    for i, hyps in enumerate(results):
+        length = int(b.src_mask[i].sum())
+        src, mask = b.src[i : i + 1, :length], b.src_mask[i : i + 1, :length]
+        for h in hyps:
+            tgt = torch.tensor([[BOS] + h.tokens + [EOS]])
+            with torch.no_grad():
+                log_probs = model(src, mask, tgt[:, :-1]).log_softmax(-1)[0]  # (T, V)
+            expected = log_probs.gather(1, tgt[0, 1:].unsqueeze(1)).sum().item()
+            assert h.log_prob == pytest.approx(expected, abs=1e-4)
+            assert h.penalty == pytest.approx(length_penalty(len(h.tokens) + 1, 0.6))
+            assert h.score == pytest.approx(h.log_prob / h.penalty)
