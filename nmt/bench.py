@@ -50,13 +50,21 @@ class StepTimer(L.Callback):
         self.seconds = self.tgt_tokens = self.src_tokens = self.flops = 0.0
         self.steps = 0
 
+    @staticmethod
+    def _clock(module: L.LightningModule) -> float:
+        """The time once queued device work is done: CUDA kernels run asynchronously, so
+        reading the clock without waiting would time only their launch."""
+        if module.device.type == "cuda":
+            torch.cuda.synchronize(module.device)
+        return time.perf_counter()
+
     def on_train_batch_start(self, trainer, module, batch: Batch, batch_idx: int) -> None:
-        self._start = time.perf_counter()
+        self._start = self._clock(module)
 
     def on_train_batch_end(self, trainer, module, outputs, batch: Batch, batch_idx: int) -> None:
         if trainer.global_step <= self.warmup:
             return
-        self.seconds += time.perf_counter() - self._start
+        self.seconds += self._clock(module) - self._start
         self.steps += 1
         self.tgt_tokens += int((batch.tgt_out != PAD).sum())
         self.src_tokens += int((batch.src != PAD).sum())
