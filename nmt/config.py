@@ -33,9 +33,11 @@ class DataConfig:
     tgt_lang: str = "en"
     train_lines: int | None = None  # train on the first N lines only
     vocab_size: int = 8000  # joint SentencePiece vocabulary
+    spm_sample: int = 500_000  # SentencePiece trains on a random sample of this many pairs
     max_len: int = 100  # training pairs longer than this (pieces, either side) are dropped
     max_tokens: int = 4096  # token budget of a training batch (padded source + target)
     eval_max_tokens: int = 8000  # token budget of a decoding batch
+    num_workers: int = 0  # loader processes building training batches (0: in the training process)
 
 
 @dataclass
@@ -66,9 +68,9 @@ class TrainerConfig:
     precision: str = "auto"  # bf16-mixed where the hardware has bf16 matmuls, else 32-true
     gradient_clip_val: float = 1.0
     accumulate_grad_batches: int = 1
-    val_check_interval: Any = 1.0
+    val_check_interval: Any = 1.0  # 1.0: validate and checkpoint once per epoch; N: every N batches
     log_every_n_steps: int = 50
-    early_stopping_patience: int = 5  # epochs without a better validation BLEU
+    early_stopping_patience: int = 5  # validations (not epochs) without a better BLEU
     enable_progress_bar: bool = True
 
 

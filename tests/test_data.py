@@ -4,14 +4,23 @@ cached ids, and the token-budget sampler."""
 from __future__ import annotations
 
 import gzip
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from nmt.config import DataConfig
 from nmt.data.batching import PairDataset, TokenBatchSampler, collate
-from nmt.data.corpus import load_corpus
+from nmt.data.corpus import load_corpus, read_pairs
 from nmt.data.module import prepare_data, split_dataset
-from nmt.data.tokenizer import BOS, EOS, PAD, tokenizer_path
+from nmt.data.prepare import load_side, prepare, sample_pairs
+from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.errors import NMTError
 
 from .conftest import MULTI30K, write_corpus
@@ -41,7 +50,7 @@ def test_named_files_and_mismatched_lengths(tmp_path):
     (tmp_path / "short.tgt").write_text("one line\n")
     cfg.val_files = [files["val"][0], str(tmp_path / "short.tgt")]
     with pytest.raises(NMTError, match="has 40 lines but"):
-        load_corpus(cfg)
+        load_corpus(cfg)["val"]  # splits are read when first used
 
 
 def test_missing_named_file_is_a_clear_error(tmp_path):
@@ -66,21 +75,66 @@ def test_joint_tokenizer_round_trip_and_cache(tmp_path):
     cfg = DataConfig(data_dir=str(tmp_path / "data"), train_files=files["train"],
                      val_files=files["val"], vocab_size=120)
     data = prepare_data(cfg)
-    path = tokenizer_path(cfg)
-    assert path.is_file() and data.tokenizer.model_file == path
     # One model covers both languages: both sides round-trip without unknown pieces.
     for text in (data.text["val"][0]["src"], data.text["val"][0]["tgt"]):
         ids = data.tokenizer.encode([text])[0]
         assert 1 not in ids and data.tokenizer.decode([ids])[0] == text
     assert data.tokenizer.sp.pad_id() == PAD and data.tokenizer.sp.bos_id() == BOS
-    # Cached: a second preparation reuses the same model and ids.
-    mtime = path.stat().st_mtime_ns
-    again = prepare_data(cfg)
-    assert path.stat().st_mtime_ns == mtime
-    assert again.ids["train"]["src_ids"] == data.ids["train"]["src_ids"]
-    # The reverse direction shares the tokenizer.
+    # The prepared ids are the tokenizer's.
+    train = split_dataset(data, "train")
+    assert train.src[7] == data.tokenizer.encode([data.text["train"][7]["src"]])[0]
+    # Cached: a second preparation reuses the same folder untouched.
+    mtime = (data.folder / "spm.model").stat().st_mtime_ns
+    assert prepare(cfg) == data.folder
+    assert (data.folder / "spm.model").stat().st_mtime_ns == mtime
+    # The reverse direction shares the folder (ids are stored per language).
     cfg.src_lang, cfg.tgt_lang = cfg.tgt_lang, cfg.src_lang
-    assert tokenizer_path(cfg) == path
+    cfg.train_files, cfg.val_files = files["train"][::-1], files["val"][::-1]
+    assert prepare(cfg) == data.folder
+
+
+def _local_layout(folder, files) -> DataConfig:
+    """The write_corpus files as a local corpus folder data_dir/toy/{train,val}.{de,en}."""
+    corpus = folder / "toy"
+    corpus.mkdir(parents=True)
+    for split in ("train", "val"):
+        for path, lang in zip(files[split], ("de", "en")):
+            shutil.copy(path, corpus / f"{split}.{lang}")
+    return DataConfig(data_dir=str(folder), corpus="toy", vocab_size=120)
+
+
+@pytest.mark.parametrize("change", ["corpus file", "spm_sample", "vocab_size", "train_lines"])
+def test_cache_key_covers_inputs_and_options(tmp_path, change):
+    cfg = _local_layout(tmp_path / "data", write_corpus(tmp_path))
+    first = prepare(cfg)
+    assert prepare(cfg) == first  # same inputs: reused
+    if change == "corpus file":  # same name, new content (and a later modification time)
+        path = tmp_path / "data" / "toy" / "val.en"
+        path.write_text(path.read_text().upper())
+        os.utime(path, ns=(time.time_ns() + 10**9,) * 2)
+    else:
+        setattr(cfg, change, {"spm_sample": 100, "vocab_size": 110, "train_lines": 200}[change])
+    second = prepare(cfg)
+    assert second != first and (second / "meta.json").is_file()
+    if change == "corpus file":
+        assert load_corpus(cfg)["val"][0]["tgt"] == split_text(second, "val")
+
+
+def split_text(folder, split) -> str:
+    """The first target sentence of a prepared split, decoded."""
+    from nmt.data.tokenizer import Tokenizer
+
+    return Tokenizer(folder / "spm.model").decode([load_side(folder, split, "en")[0]])[0]
+
+
+def test_spm_sample_is_uniform_and_keeps_corpus_order(tmp_path):
+    files = write_corpus(tmp_path, sizes=(("train", 300),))
+    src, tgt = sample_pairs(tuple(files["train"]), 50, None)
+    lines = Path(files["train"][0]).read_text().splitlines()
+    positions = [lines.index(s) for s in src]
+    assert len(src) == len(tgt) == 50 and positions == sorted(positions)
+    assert positions[-1] > 200  # drawn from the whole corpus, not its head
+    assert sample_pairs(tuple(files["train"]), 1000, None)[0] == lines  # fewer: all, in order
 
 
 def test_max_len_filter(tmp_path):
@@ -90,7 +144,50 @@ def test_max_len_filter(tmp_path):
     data = prepare_data(cfg)
     kept = split_dataset(data, "train", max_len=5)
     assert 0 < len(kept) < 300
-    assert all(len(s) <= 5 and len(t) <= 5 for s, t in zip(kept.src, kept.tgt))
+    assert all(len(kept.src[i]) <= 5 and len(kept.tgt[i]) <= 5 for i in range(len(kept)))
+
+
+@pytest.mark.parametrize("content,line,reason", [
+    (b"a one\rb two\nc three\n", 1, "carriage return"),
+    ("x\ny one\u2028z two\n".encode(), 2, "U+2028"),
+    ("x\ny\nz\u2029\n".encode(), 3, "U+2029"),
+    (b"x\ny \xff\n", 2, "not valid UTF-8"),
+])
+def test_line_breaks_inside_a_line_are_errors(tmp_path, content, line, reason):
+    """Lines end at \\n only (as in translate): a stray separator would shift the pairs."""
+    (tmp_path / "a").write_bytes(content)
+    (tmp_path / "b").write_bytes(b"1\n2\n3\n")
+    with pytest.raises(NMTError) as err:
+        _read_all(tmp_path / "a", tmp_path / "b")
+    message = str(err.value)
+    assert f"{tmp_path / 'a'}, line {line}:" in message and reason in message
+    assert "\n" not in message
+
+
+def test_crlf_line_ends_and_counts(tmp_path):
+    (tmp_path / "a").write_bytes(b"one\r\ntwo\r\nthree")  # Windows ends, no final newline
+    (tmp_path / "b").write_bytes(b"1\n2\n3\n")
+    assert _read_all(tmp_path / "a", tmp_path / "b") == (["one", "two", "three"], ["1", "2", "3"])
+    (tmp_path / "b").write_bytes(b"1\n2\n3\n4\n")
+    with pytest.raises(NMTError, match=f"{tmp_path / 'a'} has 3 lines but {tmp_path / 'b'} has 4"):
+        _read_all(tmp_path / "a", tmp_path / "b")
+
+
+def _read_all(src_path, tgt_path) -> tuple[list[str], list[str]]:
+    src, tgt = [], []
+    for s, t in read_pairs((str(src_path), str(tgt_path))):
+        src += s
+        tgt += t
+    return src, tgt
+
+
+def test_reading_in_chunks_keeps_pairs_aligned(tmp_path, monkeypatch):
+    """Chunks of different line counts on the two sides still pair line n with line n."""
+    monkeypatch.setattr("nmt.data.corpus.CHUNK_BYTES", 7)
+    (tmp_path / "a").write_text("".join(f"{i}\n" for i in range(50)))
+    (tmp_path / "b").write_text("".join(f"line {i}\n" for i in range(50)))
+    src, tgt = _read_all(tmp_path / "a", tmp_path / "b")
+    assert [f"line {s}" for s in src] == tgt and len(src) == 50
 
 
 def test_collate_adds_bos_eos_and_pads():
@@ -142,7 +239,87 @@ def test_sampler_shards_across_ranks():
 
 
 def test_pair_dataset_lengths():
-    assert PairDataset([[1, 2, 3]], [[4]]).lengths() == [4]
+    assert PairDataset([[1, 2, 3]], [[4]]).lengths().tolist() == [4]
+
+
+def _sampler_before_numpy(lengths, max_tokens, shuffle, seed, rank, world_size, epoch):
+    """The sampler as it was before it moved to numpy (commit 906a62c), as a reference."""
+    rng = random.Random(seed + epoch)
+    noise = [rng.random() for _ in lengths] if shuffle else [0.0] * len(lengths)
+    indices = range(len(lengths)) if shuffle else range(len(lengths))[rank::world_size]
+    order = sorted(indices, key=lambda i: (lengths[i], noise[i]))
+    batches, current, longest = [], [], 0
+    for i in order:
+        longest_if_added = max(longest, lengths[i])
+        if current and longest_if_added * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest_if_added = [], lengths[i]
+        current.append(i)
+        longest = longest_if_added
+    if current:
+        batches.append(current)
+    if not shuffle:
+        return batches
+    rng.shuffle(batches)
+    return batches[: len(batches) // world_size * world_size][rank::world_size]
+
+
+@pytest.mark.parametrize("seed,world,shuffle", [(1, 1, True), (5, 2, True), (2, 3, False)])
+def test_sampler_equals_the_python_sampler_it_replaced(seed, world, shuffle):
+    lengths = _lengths(700) + [300]  # one pair over the budget still gets a batch
+    for epoch in (0, 3):
+        for rank in range(world):
+            want = _sampler_before_numpy(lengths, 200, shuffle, seed, rank, world, epoch)
+            sampler = TokenBatchSampler(lengths, 200, shuffle, seed, rank, world)
+            sampler.set_epoch(epoch)
+            assert list(sampler) == want and len(sampler) == len(want)
+
+
+@pytest.fixture(scope="module")
+def multi30k_prepared(tmp_path_factory):
+    """Multi30k de-en prepared from scratch with the default options (about 30 s)."""
+    data_dir = tmp_path_factory.mktemp("data")
+    (data_dir / "multi30k").symlink_to(MULTI30K)
+    return prepare_data(DataConfig(data_dir=str(data_dir)))
+
+
+# Recorded from the code before the corpus pipeline moved to prepared numpy arrays (906a62c):
+# sha1 of each batch's index list (json) for seed 1, default data options, one process.
+PINNED = {
+    0: (["453ba21c071a", "15a14f2b212b", "1c7423715072"], "9d1c0cd38304a809"),
+    1: (["b9e6f4e430b7", "e0d2dfd3e9fa", "74edd59922c7"], "c5b4bbe671467974"),
+}
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason="data/multi30k not linked")
+def test_multi30k_batches_are_pinned(multi30k_prepared):
+    """Seed 1 on Multi30k de-en trains on exactly the batches of earlier versions, epoch by
+    epoch, so published results stay reproducible."""
+    cfg = DataConfig()
+    train = split_dataset(multi30k_prepared, "train", cfg.max_len)
+    assert len(train) == 29000
+    sampler = TokenBatchSampler(train.lengths(), cfg.max_tokens, shuffle=True, seed=1)
+    for epoch, (first, whole) in PINNED.items():
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        digest = [hashlib.sha1(json.dumps(b).encode()).hexdigest()[:12] for b in batches[:3]]
+        assert len(batches) == 123 and digest == first
+        assert hashlib.sha1(json.dumps(batches).encode()).hexdigest()[:16] == whole
+
+
+def test_batches_gather_from_flat_arrays():
+    """A batch from a Ragged subset equals collate of the same pairs."""
+    src = [[5, 6, 7], [8], [9, 10], []]
+    tgt = [[11], [12, 13, 14], [15], [16, 17]]
+    data = PairDataset(src, tgt)
+    rows = [2, 0, 3]
+    batch = data.__getitems__(rows)
+    want = collate([(i, src[i], tgt[i]) for i in rows])
+    for got, expected in zip(batch, want):
+        assert got.tolist() == expected.tolist()
+    assert list(TokenBatchSampler([], 100, shuffle=False)) == []  # nothing to translate
+    kept = PairDataset(data.src.take(np.array([1, 2])), data.tgt.take(np.array([1, 2])))
+    assert kept[1] == (1, [9, 10], [15])
 
 
 def test_hub_translation_column_is_unpacked():

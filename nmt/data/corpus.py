@@ -1,4 +1,4 @@
-"""Parallel corpora as a ``datasets.DatasetDict`` with splits train/val/test of {src, tgt}.
+"""Parallel corpora: where each split's sentence pairs come from, and reading them safely.
 
 Three sources, tried in this order:
 1. plain-text files the user names (``data.train_files`` = [source, target], ...);
@@ -6,11 +6,18 @@ Three sources, tried in this order:
    ``<data_dir>/<corpus>/{train,val,test_2016_flickr}.<lang>[.gz]``;
 3. a Hugging Face Hub dataset (``bentrevett/multi30k`` for multi30k, or ``data.hub_dataset``),
    either with one column per language or with a ``translation`` column of {lang: text}.
+
+A line of a text file ends at ``\\n`` and nowhere else, as in ``nmt translate``; one ``\\r``
+before the ``\\n`` (Windows line ends) is dropped. Any other line break inside a line (``\\r``,
+vertical tab, form feed, U+0085, U+2028, U+2029, ...) is an error naming the file and line:
+readers that split on those would silently shift every later pair by one.
 """
 
 from __future__ import annotations
 
-import hashlib
+import gzip
+import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import datasets
@@ -30,34 +37,143 @@ datasets.disable_progress_bars()  # one-off loading and caching; no bars in ever
 HUB_DEFAULTS = {"multi30k": "bentrevett/multi30k"}
 HUB_SPLITS = {"train": ("train",), "val": ("validation", "val", "valid"), "test": ("test",)}
 
+# What str.splitlines() would also break at, besides "\n": each is refused inside a line.
+LINE_BREAKS = {
+    "\r": "a carriage return (\\r)", "\x0b": "a vertical tab (\\v)", "\x0c": "a form feed (\\f)",
+    "\x1c": "U+001C", "\x1d": "U+001D", "\x1e": "U+001E", "\x85": "U+0085 NEXT LINE",
+    "\u2028": "U+2028 LINE SEPARATOR", "\u2029": "U+2029 PARAGRAPH SEPARATOR",
+}
+_LINE_BREAK = re.compile("[" + "".join(LINE_BREAKS) + "]")
+CHUNK_BYTES = 1 << 24  # read text 16 MiB at a time: memory stays flat however big the file
 
-def load_corpus(cfg: DataConfig) -> datasets.DatasetDict:
-    """Load the configured corpus; ``train`` is cut to ``cfg.train_lines`` if set."""
+Source = tuple[str, str] | datasets.Dataset  # two aligned text files, or a {src, tgt} dataset
+
+
+def split_sources(cfg: DataConfig) -> dict[str, Source]:
+    """Where each split comes from: named files, the local folder, or the Hub (loaded)."""
     if cfg.train_files:
-        corpus = _from_named_files(cfg)
-    elif cfg.hub_dataset is None and (local := _local_files(cfg)) is not None:
-        corpus = _from_text_files(local)
-    else:
-        corpus = _from_hub(cfg)
-    if cfg.train_lines is not None and cfg.train_lines < len(corpus["train"]):
-        corpus["train"] = corpus["train"].select(range(cfg.train_lines))
-    return corpus
+        return _named_files(cfg)
+    if cfg.hub_dataset is None and (local := local_files(cfg)) is not None:
+        return local
+    return _from_hub(cfg)
 
 
-def corpus_name(cfg: DataConfig) -> str:
-    """A cache key for the corpus: its name, the Hub dataset asked for, or a fingerprint of
-    user-named files."""
-    if cfg.hub_dataset:
-        return "-".join(filter(None, (cfg.hub_dataset, cfg.hub_config))).replace("/", "--")
-    if not cfg.train_files:
-        return cfg.corpus
-    named = [p for files in (cfg.train_files, cfg.val_files, cfg.test_files) for p in files or []]
-    stamp = [(str(Path(p).resolve()), Path(p).stat().st_size, Path(p).stat().st_mtime_ns)
-             for p in named if Path(p).is_file()]
-    return f"{cfg.corpus}-{hashlib.sha1(repr(stamp).encode()).hexdigest()[:10]}"
+def read_pairs(source: Source, limit: int | None = None) -> Iterator[tuple[list[str], list[str]]]:
+    """Aligned chunks (sources, targets) of a split, at most ``limit`` pairs in all."""
+    chunks = _dataset_chunks(source) if isinstance(source, datasets.Dataset) else _file_pairs(*source)
+    left = limit if limit is not None else float("inf")
+    for src, tgt in chunks:
+        if left < len(src):
+            src, tgt = src[: int(left)], tgt[: int(left)]
+        left -= len(src)
+        yield src, tgt
+        if left <= 0:
+            return
 
 
-def _from_named_files(cfg: DataConfig) -> datasets.DatasetDict:
+class Corpus(Mapping):
+    """Splits as ``datasets.Dataset`` of {src, tgt}, each read when first asked for."""
+
+    def __init__(self, sources: dict[str, Source], train_lines: int | None):
+        self.sources, self.train_lines, self._loaded = sources, train_lines, {}
+
+    def __getitem__(self, split: str) -> datasets.Dataset:
+        if split not in self._loaded:
+            limit = self.train_lines if split == "train" else None
+            src, tgt = [], []
+            for s, t in read_pairs(self.sources[split], limit):
+                src += s
+                tgt += t
+            self._loaded[split] = datasets.Dataset.from_dict({"src": src, "tgt": tgt})
+        return self._loaded[split]
+
+    def __iter__(self):
+        return iter(self.sources)
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+
+def load_corpus(cfg: DataConfig) -> Corpus:
+    """The configured corpus; ``train`` is cut to ``cfg.train_lines`` if set."""
+    return Corpus(split_sources(cfg), cfg.train_lines)
+
+
+def read_lines(path: str) -> Iterator[list[str]]:
+    """Lines of a UTF-8 text file (``.gz`` too), split on ``\\n`` only, in chunks."""
+    opener = gzip.open if path.endswith(".gz") else open
+    done, rest = 0, b""
+    with opener(path, "rb") as f:
+        while True:
+            block = f.read(CHUNK_BYTES)
+            data = rest + block
+            cut = len(data) if not block else data.rfind(b"\n") + 1  # whole lines only
+            data, rest = data[:cut], data[cut:]
+            lines = _decode_lines(path, data, done)
+            done += len(lines)
+            if lines:
+                yield lines
+            if not block:
+                return
+
+
+def _decode_lines(path: str, data: bytes, done: int) -> list[str]:
+    """Decode whole lines; ``done`` lines of the file came before (for error messages)."""
+    try:
+        text = data.decode("utf-8").replace("\r\n", "\n")  # Windows line ends
+    except UnicodeDecodeError as err:
+        line = done + data.count(b"\n", 0, err.start) + 1
+        raise NMTError(f"{path}, line {line}: not valid UTF-8 (byte {err.start})") from None
+    if found := _LINE_BREAK.search(text):
+        line = done + text.count("\n", 0, found.start()) + 1
+        raise NMTError(
+            f"{path}, line {line}: {LINE_BREAKS[found.group()]} inside the line; lines end at "
+            r"\n only, so pairs would shift: replace it with a space"
+        )
+    lines = text.split("\n")
+    if lines[-1] == "":  # text after the last "\n" is a line only if not empty
+        lines.pop()
+    return lines
+
+
+def _file_pairs(src_path: str, tgt_path: str) -> Iterator[tuple[list[str], list[str]]]:
+    """Equal-length chunks of two files' lines; files of different lengths are an error."""
+    readers = [read_lines(src_path), read_lines(tgt_path)]
+    buffers: list[list[str]] = [[], []]
+    counts, finished = [0, 0], [False, False]
+    while not all(finished):
+        side = 1 if finished[0] else 0 if finished[1] else int(len(buffers[1]) < len(buffers[0]))
+        chunk = next(readers[side], None)
+        if chunk is None:
+            finished[side] = True
+            continue
+        counts[side] += len(chunk)
+        if finished[1 - side]:  # the other file has ended: only count what is left
+            continue
+        buffers[side] += chunk
+        if n := min(map(len, buffers)):
+            yield buffers[0][:n], buffers[1][:n]
+            del buffers[0][:n], buffers[1][:n]
+    if counts[0] != counts[1]:
+        raise NMTError(f"{src_path} has {counts[0]} lines but {tgt_path} has {counts[1]}; "
+                       "the two sides of a corpus must align line by line")
+
+
+def _dataset_chunks(split: datasets.Dataset) -> Iterator[tuple[list[str], list[str]]]:
+    for rows in split.iter(batch_size=10_000):
+        yield rows["src"], rows["tgt"]
+
+
+def source_identity(source: Source) -> list:
+    """What identifies a split's content for the cache: each file's path, size and
+    modification time, or a Hub dataset's fingerprint."""
+    if isinstance(source, datasets.Dataset):
+        return [source._fingerprint]
+    stats = [(Path(p).resolve(), Path(p).stat()) for p in source]
+    return [(str(path), st.st_size, st.st_mtime_ns) for path, st in stats]
+
+
+def _named_files(cfg: DataConfig) -> dict[str, Source]:
     files = {}
     for split in SPLITS:
         pair = getattr(cfg, f"{split}_files")
@@ -68,13 +184,13 @@ def _from_named_files(cfg: DataConfig) -> datasets.DatasetDict:
         for path in pair:
             if not Path(path).is_file():
                 raise NMTError(f"data.{split}_files: no such file: {path}")
-        files[split] = tuple(pair)
+        files[split] = (str(pair[0]), str(pair[1]))
     if "train" not in files or "val" not in files:
         raise NMTError("data.train_files and data.val_files are both required with named files")
-    return _from_text_files(files)
+    return files
 
 
-def _local_files(cfg: DataConfig) -> dict[str, tuple[str, str]] | None:
+def local_files(cfg: DataConfig) -> dict[str, Source] | None:
     """Map each split to its (source, target) files under data_dir/corpus, or None if absent."""
     folder = Path(cfg.data_dir) / cfg.corpus
     files = {}
@@ -96,29 +212,7 @@ def _existing(stem: Path) -> str | None:
     return None
 
 
-def _from_text_files(files: dict[str, tuple[str, str]]) -> datasets.DatasetDict:
-    """Read aligned text files (optionally gzipped) through the datasets ``text`` builder."""
-    corpus = {}
-    for split, (src_path, tgt_path) in files.items():
-        src = _read_lines(src_path)
-        tgt = _read_lines(tgt_path)
-        if len(src) != len(tgt):
-            raise NMTError(
-                f"{split}: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}"
-            )
-        corpus[split] = src.rename_column("text", "src").add_column("tgt", tgt["text"])
-    return datasets.DatasetDict(corpus)
-
-
-def _read_lines(path: str) -> datasets.Dataset:
-    try:
-        data = datasets.load_dataset("text", data_files=path, split="train")
-    except UnicodeDecodeError as err:
-        raise NMTError(f"{path} is not valid UTF-8 ({err.reason})") from None
-    return data
-
-
-def _from_hub(cfg: DataConfig) -> datasets.DatasetDict:
+def _from_hub(cfg: DataConfig) -> dict[str, Source]:
     name = cfg.hub_dataset or HUB_DEFAULTS.get(cfg.corpus)
     local = Path(cfg.data_dir) / cfg.corpus
     pair = f"{cfg.src_lang}-{cfg.tgt_lang}"
@@ -143,7 +237,7 @@ def _from_hub(cfg: DataConfig) -> datasets.DatasetDict:
             corpus[split] = _hub_pairs(hub[found], cfg.src_lang, cfg.tgt_lang, name)
     if "train" not in corpus or "val" not in corpus:
         raise NMTError(f"Hub dataset '{name}' lacks a train or validation split: {list(hub)}")
-    return datasets.DatasetDict(corpus)
+    return corpus
 
 
 def _hub_pairs(split: datasets.Dataset, src: str, tgt: str, name: str) -> datasets.Dataset:

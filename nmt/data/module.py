@@ -1,35 +1,37 @@
-"""The data for one run: corpus, joint tokenizer and cached ids, served as Lightning loaders."""
+"""The data for one run: the prepared corpus (memory-mapped ids), its joint tokenizer and the
+text of its splits (references for BLEU), served as Lightning loaders."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-import datasets
 import lightning as L
+import numpy as np
+import torch
 from torch.utils.data import DataLoader
 
 from nmt.config import DataConfig
-from nmt.data.batching import PairDataset, TokenBatchSampler, collate, encode_corpus
-from nmt.data.corpus import corpus_name, load_corpus
-from nmt.data.tokenizer import Tokenizer, load_or_train_tokenizer
+from nmt.data.batching import PairDataset, ResumableLoader, TokenBatchSampler, as_batch
+from nmt.data.corpus import Corpus, load_corpus
+from nmt.data.prepare import load_side, prepare
+from nmt.data.tokenizer import Tokenizer
 
 
 @dataclass
 class PreparedData:
-    text: datasets.DatasetDict  # {src, tgt} strings per split (references for BLEU)
-    ids: datasets.DatasetDict  # {src_ids, tgt_ids} per split
+    folder: Path  # see nmt.data.prepare
     tokenizer: Tokenizer
+    text: Corpus  # {src, tgt} strings per split, read when first asked for
+    src_lang: str
+    tgt_lang: str
 
 
 def prepare_data(cfg: DataConfig) -> PreparedData:
-    """Load the corpus, train or reuse the joint tokenizer, tokenize once (cached)."""
-    text = load_corpus(cfg)
-    tokenizer = load_or_train_tokenizer(cfg, text["train"])
-    lines = f".{cfg.train_lines}lines" if cfg.train_lines else ""
-    key = f"{corpus_name(cfg)}.{cfg.src_lang}-{cfg.tgt_lang}{lines}.{tokenizer.model_file.stem}"
-    ids = encode_corpus(text, tokenizer, Path(cfg.data_dir) / "cache" / key)
-    return PreparedData(text=text, ids=ids, tokenizer=tokenizer)
+    """Prepare the corpus unless already done (cached), and open it."""
+    folder = prepare(cfg)
+    return PreparedData(folder, Tokenizer(folder / "spm.model"), load_corpus(cfg),
+                        cfg.src_lang, cfg.tgt_lang)
 
 
 def split_dataset(
@@ -37,19 +39,20 @@ def split_dataset(
 ) -> PairDataset:
     """Pairs of one split; with ``max_len``, pairs longer than it on either side are dropped;
     with ``truncate``, both sides are cut to that many pieces."""
-    src, tgt = data.ids[split]["src_ids"], data.ids[split]["tgt_ids"]
+    src = load_side(data.folder, split, data.src_lang)
+    tgt = load_side(data.folder, split, data.tgt_lang)
     if max_len is not None:
-        keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if len(s) <= max_len >= len(t)]
-        src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+        keep = np.flatnonzero((src.lengths <= max_len) & (tgt.lengths <= max_len))
+        src, tgt = src.take(keep), tgt.take(keep)
     if truncate is not None:
-        src, tgt = [s[:truncate] for s in src], [t[:truncate] for t in tgt]
+        src, tgt = src.truncated(truncate), tgt.truncated(truncate)
     return PairDataset(src, tgt)
 
 
 def decoding_loader(dataset: PairDataset, max_tokens: int, rank: int = 0, world: int = 1):
     """Length-sorted batches for decoding; ``Batch.idx`` restores the original order."""
     sampler = TokenBatchSampler(dataset.lengths(), max_tokens, False, rank=rank, world_size=world)
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=as_batch)
 
 
 class TranslationDataModule(L.LightningDataModule):
@@ -61,18 +64,18 @@ class TranslationDataModule(L.LightningDataModule):
         self.train_set = split_dataset(data, "train", cfg.max_len)
         # Validation keeps every pair, cut to what the model can embed (room for BOS/EOS).
         self.val_set = split_dataset(data, "val", truncate=max_positions - 1)
+        self.sampler: TokenBatchSampler | None = None  # built once: the cuts never change
 
     def train_dataloader(self) -> DataLoader:
-        sampler = TokenBatchSampler(
-            self.train_set.lengths(),
-            self.cfg.max_tokens,
-            shuffle=True,
-            seed=self.seed,
-            rank=self.trainer.global_rank,
-            world_size=self.trainer.world_size,
-        )
-        sampler.set_epoch(self.trainer.current_epoch)  # called anew each epoch (see training)
-        return DataLoader(self.train_set, batch_sampler=sampler, collate_fn=collate)
+        if self.sampler is None:
+            self.sampler = TokenBatchSampler(
+                self.train_set.lengths(), self.cfg.max_tokens, shuffle=True, seed=self.seed,
+                rank=self.trainer.global_rank, world_size=self.trainer.world_size,
+            )
+        self.sampler.set_epoch(self.trainer.current_epoch)  # called anew each epoch (see training)
+        workers = self.cfg.num_workers
+        return ResumableLoader(self.train_set, self.sampler, num_workers=workers,
+                               persistent_workers=False, pin_memory=torch.cuda.is_available())
 
     def val_dataloader(self) -> DataLoader:
         return decoding_loader(

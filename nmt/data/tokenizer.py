@@ -1,8 +1,7 @@
 """One joint SentencePiece model shared by both languages and both model families.
 
-It is trained once on the training source + target text and cached under
-``<data_dir>/spm/`` by (corpus, language pair, training lines, vocabulary size).
-Special ids are fixed so models and search can rely on them.
+It is trained once per prepared corpus (see ``nmt.data.prepare``) on a sample of the training
+source + target text. Special ids are fixed so models and search can rely on them.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from nmt.config import DataConfig
-from nmt.data.corpus import corpus_name
 from nmt.errors import NMTError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -35,23 +32,14 @@ class Tokenizer:
     def __len__(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        return self.sp.encode(texts)
+    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        return self.sp.encode(texts, num_threads=threads)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode(ids)
 
     def pieces(self, ids: list[int]) -> list[str]:
         return [self.sp.id_to_piece(i) for i in ids]
-
-
-def tokenizer_path(cfg: DataConfig) -> Path:
-    """Cache path: the model depends on the corpus, the language pair (either direction),
-    how many training lines were read, and the vocabulary size."""
-    pair = "-".join(sorted((cfg.src_lang, cfg.tgt_lang)))
-    lines = f".{cfg.train_lines}lines" if cfg.train_lines else ""
-    name = corpus_name(cfg)
-    return Path(cfg.data_dir) / "spm" / f"{name}.{pair}{lines}.{cfg.vocab_size}.model"
 
 
 def train_tokenizer(texts, path: Path, vocab_size: int) -> Tokenizer:
@@ -74,12 +62,3 @@ def train_tokenizer(texts, path: Path, vocab_size: int) -> Tokenizer:
         )
         os.replace(prefix + ".model", path)
     return Tokenizer(path)
-
-
-def load_or_train_tokenizer(cfg: DataConfig, train_split) -> Tokenizer:
-    """The cached joint model for this corpus and pair, trained on src+tgt if missing."""
-    path = tokenizer_path(cfg)
-    if path.is_file():
-        return Tokenizer(path)
-    texts = list(train_split["src"]) + list(train_split["tgt"])
-    return train_tokenizer(texts, path, cfg.vocab_size)

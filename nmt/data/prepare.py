@@ -1,0 +1,156 @@
+"""Preparing a corpus, once: read and check it, train the joint SentencePiece model on a
+sample, encode every split with all cores, and write the piece ids as flat arrays that
+training memory-maps (its memory does not grow with the corpus).
+
+``<data_dir>/prepared/<corpus>.<lang1>-<lang2>.<key>/`` holds
+
+* ``spm.model``: the joint SentencePiece model;
+* ``<split>.<lang>.ids``: every sentence's piece ids end to end (dtype in ``meta.json``);
+* ``<split>.<lang>.lengths.npy``: pieces per sentence (int32), whose running sum gives offsets;
+* ``meta.json``, written last: a folder without it is incomplete.
+
+The key hashes everything the result depends on: each input file's path, size and modification
+time (or the Hub dataset's fingerprint), the language pair, ``train_lines``, ``vocab_size`` and
+``spm_sample``. Change any of them and a new folder is prepared; the same inputs reuse it. Both
+directions of a pair share one folder (the ids are stored per language).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from nmt.config import DataConfig
+from nmt.data.batching import Ragged
+from nmt.data.corpus import Source, read_pairs, source_identity, split_sources
+from nmt.data.tokenizer import Tokenizer, train_tokenizer
+from nmt.errors import NMTError
+
+FORMAT = 1  # bump when the layout changes: old folders are then ignored
+SAMPLE_SEED = 0  # the tokenizer must not depend on the training seed (runs share it)
+WAIT_SECONDS = 4 * 3600  # how long other ranks wait for local rank 0 to prepare
+
+
+def prepared_dir(cfg: DataConfig, sources: dict[str, Source]) -> Path:
+    """The folder for this corpus and these options (see the module docstring)."""
+    langs = sorted((cfg.src_lang, cfg.tgt_lang))
+    inputs = {split: sorted(zip((cfg.src_lang, cfg.tgt_lang), _sides(source)))
+              for split, source in sources.items()}
+    key = json.dumps([FORMAT, inputs, cfg.train_lines, cfg.vocab_size, cfg.spm_sample])
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    name = cfg.hub_dataset.replace("/", "--") if cfg.hub_dataset else cfg.corpus
+    return Path(cfg.data_dir) / "prepared" / f"{name}.{'-'.join(langs)}.{digest}"
+
+
+def _sides(source: Source) -> list:
+    identity = source_identity(source)
+    return identity if len(identity) == 2 else identity * 2  # a dataset holds both sides
+
+
+def prepare(cfg: DataConfig) -> Path:
+    """The prepared folder for ``cfg``, built now if missing. Under several processes (DDP)
+    only local rank 0 builds it; the others wait for it."""
+    sources = split_sources(cfg)
+    folder = prepared_dir(cfg, sources)
+    if (folder / "meta.json").is_file():
+        return folder
+    if int(os.environ.get("LOCAL_RANK", "0")) > 0:
+        return _wait_for(folder)
+    print(f"preparing {folder} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        _build(cfg, sources, tmp)
+        tmp.rename(folder)  # a prepared folder is complete or absent, never half-written
+    except OSError:
+        if not (folder / "meta.json").is_file():  # not another process finishing first
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"prepared in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return folder
+
+
+def _wait_for(folder: Path) -> Path:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not (folder / "meta.json").is_file():
+        if time.monotonic() > deadline:
+            raise NMTError(f"gave up waiting for local rank 0 to prepare {folder}")
+        time.sleep(2)
+    return folder
+
+
+def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> None:
+    src, tgt = sample_pairs(sources["train"], cfg.spm_sample, cfg.train_lines)
+    tokenizer = train_tokenizer(src + tgt, folder / "spm.model", cfg.vocab_size)
+    dtype = np.uint16 if len(tokenizer) <= 1 << 16 else np.int32
+    pairs = {}
+    for split, source in sources.items():
+        limit = cfg.train_lines if split == "train" else None
+        pairs[split] = _encode_split(read_pairs(source, limit), tokenizer, dtype,
+                                     [folder / f"{split}.{cfg.src_lang}", folder / f"{split}.{cfg.tgt_lang}"])
+    meta = {"format": FORMAT, "dtype": np.dtype(dtype).name, "pairs": pairs,
+            "vocab_size": len(tokenizer)}
+    (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def sample_pairs(source: Source, size: int, limit: int | None) -> tuple[list[str], list[str]]:
+    """A uniform random sample of ``size`` pairs, in corpus order: all pairs if there are
+    fewer. Each pair draws a random key and the ``size`` smallest keys are kept, so memory
+    stays at about 2 x ``size`` pairs however large the corpus."""
+    rng = np.random.default_rng(SAMPLE_SEED)
+    keys, src, tgt = np.empty(0), [], []
+    for s, t in read_pairs(source, limit):
+        keys = np.concatenate([keys, rng.random(len(s))])
+        src += s
+        tgt += t
+        if len(keys) >= 2 * size:
+            keys, src, tgt = _smallest(keys, src, tgt, size)
+    if len(keys) > size:
+        keys, src, tgt = _smallest(keys, src, tgt, size)
+    return src, tgt
+
+
+def _smallest(keys: np.ndarray, src: list[str], tgt: list[str], size: int):
+    keep = np.sort(np.argpartition(keys, size)[:size])  # sorted: corpus order is kept
+    return keys[keep], [src[i] for i in keep], [tgt[i] for i in keep]
+
+
+def _encode_split(chunks, tokenizer: Tokenizer, dtype, stems: list[Path]) -> int:
+    """Encode (sources, targets) chunks into ``<stem>.ids`` and ``<stem>.lengths.npy``;
+    returns the number of pairs."""
+    threads = os.cpu_count() or 1
+    lengths: list[list[np.ndarray]] = [[], []]
+    with open(f"{stems[0]}.ids", "wb") as src_file, open(f"{stems[1]}.ids", "wb") as tgt_file:
+        for texts in chunks:
+            for side, (lines, out) in enumerate(zip(texts, (src_file, tgt_file))):
+                ids = tokenizer.encode(lines, threads)
+                sizes = np.fromiter(map(len, ids), np.int32, count=len(ids))
+                flat = np.fromiter(chain.from_iterable(ids), dtype, count=int(sizes.sum()))
+                flat.tofile(out)
+                lengths[side].append(sizes)
+    for stem, parts in zip(stems, lengths):
+        np.save(f"{stem}.lengths.npy", np.concatenate(parts) if parts else np.zeros(0, np.int32))
+    return int(sum(len(p) for p in lengths[0]))
+
+
+def load_side(folder: Path, split: str, lang: str) -> Ragged:
+    """One language side of a prepared split, its ids memory-mapped (read on demand)."""
+    meta = json.loads((folder / "meta.json").read_text())
+    if split not in meta["pairs"]:
+        raise NMTError(f"split '{split}' was not prepared in {folder}")
+    lengths = np.load(folder / f"{split}.{lang}.lengths.npy").astype(np.int64)
+    path = folder / f"{split}.{lang}.ids"
+    ids = (np.memmap(path, dtype=meta["dtype"], mode="r") if path.stat().st_size
+           else np.zeros(0, meta["dtype"]))  # numpy cannot map an empty file
+    return Ragged(ids, np.cumsum(lengths) - lengths, lengths)
