@@ -1,4 +1,4 @@
-"""Command line: ``nmt train | translate | evaluate | compare | bench``. Thin: parse, call, print.
+"""Command line: ``nmt train | translate | evaluate | average | compare | bench``. Thin: parse, call, print.
 
 Errors a user can fix (bad input, missing files, unknown names) end with one line on stderr
 and exit status 1, never a traceback.
@@ -94,7 +94,7 @@ def read_lines(path: str | None) -> list[str]:
 def cmd_translate(args: argparse.Namespace) -> None:
     from nmt.translator import Translator, moses_nbest
 
-    translator = Translator.from_run_dir(args.checkpoint, args.device)
+    translator = Translator.from_run_dir(args.checkpoint, args.device, args.weights)
     lines = read_lines(args.input)
     need_attn = args.plot_attention is not None
     results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn)
@@ -138,7 +138,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from nmt.metrics import score_corpus
     from nmt.translator import Translator
 
-    translator = Translator.from_run_dir(args.checkpoint, args.device)
+    translator = Translator.from_run_dir(args.checkpoint, args.device, args.weights)
     corpus = load_corpus(translator.config.data)
     if args.split not in corpus:
         raise NMTError(f"split '{args.split}' not in the corpus; available: {', '.join(corpus)}")
@@ -148,11 +148,39 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     scores = score_corpus(hyps, list(references))
     scores.update(split=args.split, beam=beam)
     out = Path(args.checkpoint) / "eval"
-    write_atomic(out / f"{args.split}.beam{beam}.hyp", "".join(h + "\n" for h in hyps))
-    write_atomic(out / f"{args.split}.beam{beam}.json", json.dumps(scores, indent=2) + "\n")
+    name = f"{args.split}.beam{beam}" + (f".{Path(args.weights).stem}" if args.weights else "")
+    write_atomic(out / f"{name}.hyp", "".join(h + "\n" for h in hyps))
+    write_atomic(out / f"{name}.json", json.dumps(scores, indent=2) + "\n")
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}")
     print(f"hypotheses and scores written to {out}/")
+
+
+def cmd_average(args: argparse.Namespace) -> None:
+    from nmt.average import average_run
+
+    out, paths = average_run(args.checkpoint, args.last, args.out)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    try:
+        from nmt.serve import serve
+    except ImportError:
+        raise NMTError('nmt serve needs LitServe: pip install -e ".[serve]"') from None
+    serve(args.checkpoint, args.host, args.port, args.engine, args.beam, args.max_batch)
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    if args.format != "ctranslate2":
+        raise NMTError(f"unknown export format '{args.format}'; available: ctranslate2")
+    try:
+        from nmt.export import export_ctranslate2
+    except ImportError:
+        raise NMTError('nmt export needs CTranslate2: pip install -e ".[export]"') from None
+    out = export_ctranslate2(args.checkpoint, args.out, args.quantization)
+    print(f"CTranslate2 model ({args.quantization}) written to {out}/; use it with "
+          f"nmt translate --engine ctranslate2 --checkpoint {out}")
 
 
 def print_table(rows: list[dict]) -> None:
@@ -212,6 +240,8 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
         p.add_argument("--alpha", type=float, default=None, help="GNMT length penalty")
         p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+        p.add_argument("--weights", help="checkpoint file in the run directory (or a path) "
+                                         "instead of best.ckpt, e.g. averaged.ckpt")
     translate = sub.choices["translate"]
     translate.add_argument("--input", help="input file (default stdin)")
     translate.add_argument("--output", help="output file (default stdout)")
@@ -223,6 +253,26 @@ def parser() -> argparse.ArgumentParser:
     translate.add_argument("--attention-head", default="mean",
                            help="Transformer: mean over heads, a head number, or all (one panel each)")
     sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")
+
+    serve = sub.add_parser("serve", help="translate over HTTP, with a web page of the attention")
+    serve.add_argument("--checkpoint", required=True, nargs="+",
+                       help="run directories (exported models with --engine ctranslate2)")
+    serve.add_argument("--host", default="127.0.0.1", help="127.0.0.1, 0.0.0.0 or ::")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--beam", type=int, default=5, help="beam size when a request names none")
+    serve.add_argument("--engine", default="torch", help="torch | ctranslate2")
+    serve.add_argument("--max-batch", type=int, default=32, help="requests decoded together")
+
+    export = sub.add_parser("export", help="convert a Transformer run for another inference engine")
+    export.add_argument("--checkpoint", required=True, help="run directory")
+    export.add_argument("--format", default="ctranslate2", help="ctranslate2")
+    export.add_argument("--quantization", default="float32", help="float32 | int8")
+    export.add_argument("--out", required=True, help="output directory (replaced if it exists)")
+
+    average = sub.add_parser("average", help="average the weights of a run's last checkpoints")
+    average.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
+    average.add_argument("--last", type=int, help="the last N kept checkpoints (default all)")
+    average.add_argument("--out", help="output file (default RUN/averaged.ckpt)")
 
     compare = sub.add_parser("compare", help="the attention study: families x scorers x seeds",
                              epilog="Other config keys apply to every cell: --section.key VALUE.")
@@ -273,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
             raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
         elif args.command == "translate":
             cmd_translate(args)
+        elif args.command == "serve":
+            cmd_serve(args)
+        elif args.command == "export":
+            cmd_export(args)
+        elif args.command == "average":
+            cmd_average(args)
         else:
             cmd_evaluate(args)
     except NMTError as err:

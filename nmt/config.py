@@ -72,6 +72,7 @@ class TrainerConfig:
     log_every_n_steps: int = 50
     early_stopping_patience: int = 5  # validations (not epochs) without a better BLEU
     enable_progress_bar: bool = True
+    keep_last_checkpoints: int = 0  # > 0: keep the last N validation checkpoints for nmt average
 
 
 @dataclass

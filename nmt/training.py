@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, WeightAv
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from nmt.average import keep_last_callback
 from nmt.config import Config, DecodingConfig, OptimConfig, run_dir_of, save_config, to_dict
 from nmt.data.batching import Batch
 from nmt.data.module import TranslationDataModule, prepare_data
@@ -240,6 +241,8 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     ]
     if config.optim.ema_decay > 0:
         callbacks.append(WeightEMA(config.optim.ema_decay))
+    if t.keep_last_checkpoints > 0:
+        callbacks.append(keep_last_callback(run_dir, t.keep_last_checkpoints))
     return L.Trainer(
         default_root_dir=run_dir,
         max_epochs=t.max_epochs,

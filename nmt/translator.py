@@ -47,7 +47,13 @@ def moses_nbest(results: list[list[Translation]]) -> list[str]:
     return rows
 
 
-def find_checkpoint(run_dir: Path) -> Path:
+def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
+    """``weights`` (a file, relative to the run directory or absolute, e.g. averaged.ckpt
+    from ``nmt average``) if given, else best.ckpt, else last.ckpt."""
+    if weights is not None:
+        if not (run_dir / weights).is_file():
+            raise NMTError(f"weights file not found: {run_dir / weights}")
+        return run_dir / weights
     for name in ("best.ckpt", "last.ckpt"):
         if (run_dir / name).is_file():
             return run_dir / name
@@ -59,8 +65,10 @@ class Translator:
         self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
 
     @classmethod
-    def from_run_dir(cls, run_dir: str | Path, device: str | None = None) -> Translator:
-        """Model, tokenizer and config from ``run_dir`` (best.ckpt, else last.ckpt)."""
+    def from_run_dir(cls, run_dir: str | Path, device: str | None = None,
+                     weights: str | Path | None = None) -> Translator:
+        """Model, tokenizer and config from ``run_dir``; weights from ``weights`` if given
+        (see ``find_checkpoint``), else best.ckpt, else last.ckpt."""
         run_dir = Path(run_dir)
         if not run_dir.is_dir():
             raise NMTError(f"checkpoint directory not found: {run_dir}")
@@ -70,7 +78,7 @@ class Translator:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise NMTError("--device cuda asked for, but no CUDA device is available")
         model = build_model(config.model, len(tokenizer))
-        path = find_checkpoint(run_dir)
+        path = find_checkpoint(run_dir, weights)
         try:
             checkpoint = torch.load(path, map_location=device, weights_only=False)
             state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}

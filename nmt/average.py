@@ -1,0 +1,92 @@
+"""Checkpoint averaging (``nmt average``), as fairseq's ``average_checkpoints``.
+
+The element-wise mean of the weights of a run's last N checkpoints: an average over the
+end of training that usually scores better than any single one of them (Vaswani et al.
+2017, section 6.1, average the last 5 or 20). The run keeps those checkpoints when trained
+with ``trainer.keep_last_checkpoints=N`` (in RUN/steps/, one per validation).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from nmt.errors import NMTError
+
+STEPS_DIR = "steps"  # RUN/steps/step<global step>.ckpt, written by training
+
+
+def step_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The checkpoints a run kept in RUN/steps/, oldest first (by global step)."""
+    folder = Path(run_dir) / STEPS_DIR
+    found = [(int(m.group(1)), path) for path in folder.glob("step*.ckpt")
+             if (m := re.fullmatch(r"step(\d+)\.ckpt", path.name))]
+    return [path for _, path in sorted(found)]
+
+
+def average_state_dicts(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of the ``state_dict`` of each checkpoint, accumulated in float64
+    and cast back to each tensor's dtype; tensors that are not floating point (counters)
+    must agree and are kept as they are. Loads one checkpoint at a time."""
+    total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for path in paths:
+        state = _load(path)["state_dict"]
+        if total and state.keys() != total.keys():
+            raise NMTError(f"{path} holds other weights than {paths[0]}: not the same model")
+        for key, value in state.items():
+            dtypes[key] = value.dtype
+            if not value.is_floating_point():
+                if key in total and not torch.equal(total[key], value):
+                    raise NMTError(f"{key} differs between checkpoints and cannot be averaged")
+                total[key] = value
+            else:
+                total[key] = total.get(key, 0) + value.double()
+    return {key: (value / len(paths)).to(dtypes[key]) if value.is_floating_point() else value
+            for key, value in total.items()}
+
+
+def average_run(run_dir: str | Path, last: int | None = None,
+                out: str | Path | None = None) -> tuple[Path, list[Path]]:
+    """Average the last ``last`` (default: all) kept checkpoints of ``run_dir`` into ``out``
+    (default RUN/averaged.ckpt). Returns the file written and the checkpoints averaged."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise NMTError(f"checkpoint directory not found: {run_dir}")
+    paths = step_checkpoints(run_dir)
+    if not paths:
+        raise NMTError(f"no step checkpoints in {run_dir / STEPS_DIR}: train with "
+                       "trainer.keep_last_checkpoints=N to keep the last N")
+    if last is not None and last < 1:
+        raise NMTError(f"--last must be at least 1, got {last}")
+    paths = paths[-last:] if last else paths
+    out = Path(out) if out else run_dir / "averaged.ckpt"
+    averaged = {"state_dict": average_state_dicts(paths),
+                "nmt_averaged": [path.name for path in paths]}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    torch.save(averaged, tmp)
+    tmp.replace(out)  # atomic: a reader never sees half a file
+    return out, paths
+
+
+def _load(path: Path) -> dict:
+    try:  # Lightning checkpoints hold more than tensors (hyper-parameters, loop state)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # unpickling errors of every kind
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise NMTError(f"cannot load {path}: damaged checkpoint ({reason})") from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise NMTError(f"{path} is not a training checkpoint (no state_dict)")
+    return checkpoint
+
+
+def keep_last_callback(run_dir: str | Path, n: int) -> ModelCheckpoint:
+    """A checkpoint callback that keeps the newest ``n`` validation checkpoints as
+    RUN/steps/step<global step>.ckpt (ranked by step: the oldest is deleted first)."""
+    return ModelCheckpoint(dirpath=Path(run_dir) / STEPS_DIR, filename="step{step}",
+                           monitor="step", mode="max", save_top_k=n,
+                           auto_insert_metric_name=False, enable_version_counter=False)
