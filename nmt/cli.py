@@ -163,26 +163,6 @@ def cmd_average(args: argparse.Namespace) -> None:
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
 
 
-def cmd_serve(args: argparse.Namespace) -> None:
-    try:
-        from nmt.serve import serve
-    except ImportError:
-        raise NMTError('nmt serve needs LitServe: pip install -e ".[serve]"') from None
-    serve(args.checkpoint, args.host, args.port, args.engine, args.beam, args.max_batch)
-
-
-def cmd_export(args: argparse.Namespace) -> None:
-    if args.format != "ctranslate2":
-        raise NMTError(f"unknown export format '{args.format}'; available: ctranslate2")
-    try:
-        from nmt.export import export_ctranslate2
-    except ImportError:
-        raise NMTError('nmt export needs CTranslate2: pip install -e ".[export]"') from None
-    out = export_ctranslate2(args.checkpoint, args.out, args.quantization)
-    print(f"CTranslate2 model ({args.quantization}) written to {out}/; use it with "
-          f"nmt translate --engine ctranslate2 --checkpoint {out}")
-
-
 def print_table(rows: list[dict]) -> None:
     """A Markdown table of dicts sharing their keys."""
     keys = list(rows[0])
@@ -254,21 +234,6 @@ def parser() -> argparse.ArgumentParser:
                            help="Transformer: mean over heads, a head number, or all (one panel each)")
     sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")
 
-    serve = sub.add_parser("serve", help="translate over HTTP, with a web page of the attention")
-    serve.add_argument("--checkpoint", required=True, nargs="+",
-                       help="run directories (exported models with --engine ctranslate2)")
-    serve.add_argument("--host", default="127.0.0.1", help="127.0.0.1, 0.0.0.0 or ::")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--beam", type=int, default=5, help="beam size when a request names none")
-    serve.add_argument("--engine", default="torch", help="torch | ctranslate2")
-    serve.add_argument("--max-batch", type=int, default=32, help="requests decoded together")
-
-    export = sub.add_parser("export", help="convert a Transformer run for another inference engine")
-    export.add_argument("--checkpoint", required=True, help="run directory")
-    export.add_argument("--format", default="ctranslate2", help="ctranslate2")
-    export.add_argument("--quantization", default="float32", help="float32 | int8")
-    export.add_argument("--out", required=True, help="output directory (replaced if it exists)")
-
     average = sub.add_parser("average", help="average the weights of a run's last checkpoints")
     average.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
     average.add_argument("--last", type=int, help="the last N kept checkpoints (default all)")
@@ -323,10 +288,6 @@ def main(argv: list[str] | None = None) -> int:
             raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
         elif args.command == "translate":
             cmd_translate(args)
-        elif args.command == "serve":
-            cmd_serve(args)
-        elif args.command == "export":
-            cmd_export(args)
         elif args.command == "average":
             cmd_average(args)
         else:
