@@ -85,6 +85,28 @@ class AdditiveScorer(Scorer):
         return self.v(torch.tanh(q + keys.unsqueeze(-3))).squeeze(-1)  # (..., T, S)
 
 
+class AdditiveDeepScorer(AdditiveScorer):
+    """A deeper learned scorer: additive attention with one more hidden layer,
+    e = v^T tanh(W2 tanh(W q + U k)).
+
+    W2 acts on every (query, key) pair, so it multiplies the additive scorer's (..., T, S, A)
+    work by another A x A matmul: the question is whether that buys quality.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
+        super().__init__(query_dim, key_dim, hidden_dim)
+        self.hidden = nn.Linear(hidden_dim, hidden_dim, bias=False)  # W2
+
+    def score_flops(self, t: int, s: int) -> int:
+        a = self.v.in_features
+        return super().score_flops(t, s) + 2 * t * s * a * a + t * s * a  # W2 and its tanh
+
+    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        q = self.query_proj(query).unsqueeze(-2)  # (..., T, 1, A)
+        pairs = torch.tanh(q + keys.unsqueeze(-3))  # (..., T, S, A)
+        return self.v(torch.tanh(self.hidden(pairs))).squeeze(-1)  # (..., T, S)
+
+
 class DotScorer(Scorer):
     """Luong et al. (2015), eq. (8) "dot": score = q^T k. Needs query_dim == key_dim."""
 
@@ -142,11 +164,36 @@ class ScaledDotScorer(DotScorer):
         return context, None
 
 
+class SymmetricScorer(ScaledDotScorer):
+    """The "symmetric" variant people propose: scaled dot-product weights, then an extra
+    projection of the attended values and a second 1/sqrt(d) outside the softmax,
+
+        AttentionAlt(Q, K, V, W) = softmax(Q K^T / sqrt(d)) V W^T / sqrt(d).
+
+    Inside a Transformer the output projection that follows can absorb W, so the variant
+    differs from scaled_dot by the 1/sqrt(d) shrink of every attention output (and W's
+    extra parameters); in the RNN the shrunk context feeds the recurrence directly.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
+        super().__init__(query_dim, key_dim, hidden_dim)
+        self.value_proj = nn.Linear(key_dim, key_dim, bias=False)  # W, applied as V W^T
+
+    def score_flops(self, t: int, s: int) -> int:
+        return super().score_flops(t, s) + 2 * t * self.key_dim * self.key_dim
+
+    def attend(self, query, keys, values, mask, dropout=0.0, need_weights=True):
+        context, weights = super().attend(query, keys, values, mask, dropout, need_weights)
+        return self.value_proj(context) / math.sqrt(self.key_dim), weights  # (..., T, Dv)
+
+
 SCORERS: dict[str, type[Scorer]] = {
     "additive": AdditiveScorer,
+    "additive_deep": AdditiveDeepScorer,
     "dot": DotScorer,
     "general": GeneralScorer,
     "scaled_dot": ScaledDotScorer,
+    "symmetric": SymmetricScorer,
 }
 
 

@@ -37,6 +37,29 @@ def test_additive_is_bahdanau_formula():
     torch.testing.assert_close(scorer.score(q, scorer.prepare_keys(k)), expected)
 
 
+def test_additive_deep_has_one_more_hidden_layer():
+    torch.manual_seed(0)
+    scorer = build_scorer("additive_deep", 4, 6, 5)
+    q, k = torch.randn(1, 1, 4), torch.randn(1, 3, 6)
+    w, u, w2, v = (scorer.query_proj.weight, scorer.key_proj.weight, scorer.hidden.weight,
+                   scorer.v.weight)
+    expected = torch.stack([v @ torch.tanh(w2 @ torch.tanh(w @ q[0, 0] + u @ kj))
+                            for kj in k[0]]).view(1, 1, 3)
+    torch.testing.assert_close(scorer.score(q, scorer.prepare_keys(k)), expected)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_symmetric_projects_and_scales_the_attended_values(need_weights):
+    """softmax(Q K^T / sqrt(d)) V W^T / sqrt(d), on the fused and the explicit path."""
+    torch.manual_seed(0)
+    symmetric, scaled = build_scorer("symmetric", 16, 16, 16), build_scorer("scaled_dot", 16, 16, 16)
+    q, k, v = torch.randn(2, 4, 3, 16), torch.randn(2, 4, 7, 16), torch.randn(2, 4, 7, 16)
+    mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    plain, _ = scaled.attend(q, k, v, mask, need_weights=True)
+    context, _ = symmetric.attend(q, k, v, mask, need_weights=need_weights)
+    torch.testing.assert_close(context, plain @ symmetric.value_proj.weight.T / 4.0)
+
+
 @pytest.mark.parametrize("fused_from", [0, ScaledDotScorer.FUSED_CPU_MIN_SCORES])
 def test_scaled_dot_fused_equals_explicit(monkeypatch, fused_from):
     """The fused kernel (taken from ``fused_from`` scores on CPU) equals the explicit path."""
@@ -53,7 +76,7 @@ def test_scaled_dot_fused_equals_explicit(monkeypatch, fused_from):
 
 
 def test_unknown_scorer_lists_valid_names():
-    with pytest.raises(NMTError, match="additive, dot, general, scaled_dot"):
+    with pytest.raises(NMTError, match="additive, additive_deep, dot, general, scaled_dot, symmetric"):
         build_scorer("cosine", 4, 4, 4)
 
 
