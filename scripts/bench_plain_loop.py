@@ -1,0 +1,129 @@
+"""A plain PyTorch training loop of the same model on the same batches, against ours.
+
+    python scripts/bench_plain_loop.py configs/transformer.yaml configs/rnn_bahdanau.yaml \
+        [--steps 20] [--warmup 3] [--rounds 2]
+
+The plain loop is what a user would write with this project's model but none of its levers:
+the model built by ``nmt.models.build_model`` from the config, the first batches of the
+config's token-budget sampler (epoch 0, the config's seed: those ``nmt bench train`` trains
+on), Adam with the config's learning rate and schedule, torch's label-smoothed cross-entropy,
+gradient clipping; fp32 eager PyTorch, no autocast, glibc's default allocator. "Ours" is
+``nmt bench train`` itself (Lightning, ``precision: auto``, the allocator setting of the
+``nmt`` command). Both report target tokens/s over the same timed steps.
+
+The allocator setting cannot be undone inside a process, so every measurement runs in a
+fresh child process; the rounds alternate plain and ours so that a machine whose load
+changes meanwhile slows both alike. The speed-up is the ratio of the median tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from nmt.config import Config, load_config
+from nmt.data.batching import Batch, TokenBatchSampler
+from nmt.data.module import prepare_data, split_dataset
+from nmt.data.tokenizer import PAD
+from nmt.models import build_model
+from nmt.training import inverse_sqrt
+
+
+def first_batches(config: Config, count: int) -> tuple[list[Batch], int]:
+    """The first ``count`` training batches of epoch 0, and the vocabulary size."""
+    data = prepare_data(config.data)
+    train = split_dataset(data, "train", config.data.max_len)
+    sampler = TokenBatchSampler(train.lengths(), config.data.max_tokens, shuffle=True,
+                                seed=config.seed)
+    sampler.set_epoch(0)
+    rows = list(sampler)[:count]
+    return [train.__getitems__(r) for r in rows], len(data.tokenizer)
+
+
+def plain_loop(config_path: str, steps: int, warmup: int) -> dict:
+    """Target tokens/s of a plain fp32 eager training loop (runs in a fresh process)."""
+    config = load_config(config_path)
+    batches, vocab = first_batches(config, warmup + steps)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, vocab).to(device).train()
+    optim = config.optim
+    optimizer = torch.optim.Adam(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+                                 weight_decay=optim.weight_decay)
+    # inverse_sqrt steps per batch; plateau and constant keep the lr within a benchmark.
+    schedule = inverse_sqrt(optim.warmup_steps) if optim.schedule == "inverse_sqrt" else None
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule) if schedule else None
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    seconds, tokens = 0.0, 0
+    for number, batch in enumerate(batches):
+        src, tgt_in, tgt_out = (t.to(device) for t in (batch.src, batch.tgt_in, batch.tgt_out))
+        sync()
+        start = time.perf_counter()
+        logits = model(src, src != PAD, tgt_in)  # (B, T, V); the mask is Batch.src_mask
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD,
+                               label_smoothing=optim.label_smoothing)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.trainer.gradient_clip_val)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        sync()
+        if number >= warmup:
+            seconds += time.perf_counter() - start
+            tokens += int((tgt_out != PAD).sum())
+    return {"loop": "plain", "tgt_tok_per_s": round(tokens / seconds, 1), "precision": "32-true"}
+
+
+def ours(config_path: str, steps: int, warmup: int) -> dict:
+    """``nmt bench train`` in a fresh process, with the allocator setting ``nmt`` makes."""
+    from nmt.allocator import keep_freed_memory
+    from nmt.bench import bench_train
+
+    keep_freed_memory()
+    summary = bench_train(load_config(config_path), steps, warmup)
+    return {"loop": "ours", "tgt_tok_per_s": summary["tgt_tok_per_s"],
+            "precision": str(summary["precision"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("configs", nargs="+")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--rounds", type=int, default=2, help="plain/ours pairs per config")
+    args = parser.parse_args()
+    summary = []
+    context = multiprocessing.get_context("spawn")
+    for path in args.configs:
+        runs = {"plain": [], "ours": []}
+        for _ in range(args.rounds):
+            for name, loop in (("plain", plain_loop), ("ours", ours)):
+                with context.Pool(1) as pool:  # a fresh process per measurement
+                    result = pool.apply(loop, (path, args.steps, args.warmup))
+                print(f"{path} {name}: {result['tgt_tok_per_s']} tgt tok/s "
+                      f"({result['precision']})", flush=True)
+                runs[name].append(result)
+        plain = statistics.median(r["tgt_tok_per_s"] for r in runs["plain"])
+        fast = statistics.median(r["tgt_tok_per_s"] for r in runs["ours"])
+        summary.append({"config": path, "plain_tgt_tok_per_s": plain, "ours_tgt_tok_per_s": fast,
+                        "speedup": round(fast / plain, 2),
+                        "ours_precision": runs["ours"][0]["precision"],
+                        "rounds": args.rounds, "steps": args.steps,
+                        "threads": torch.get_num_threads()})
+    print("| config | plain tgt tok/s | ours tgt tok/s | ours / plain | ours precision |")
+    print("|---|---|---|---|---|")
+    for row in summary:
+        print(f"| {row['config']} | {row['plain_tgt_tok_per_s']} | {row['ours_tgt_tok_per_s']} "
+              f"| {row['speedup']}x | {row['ours_precision']} |")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
