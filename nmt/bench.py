@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 import multiprocessing
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -20,6 +22,8 @@ from nmt.data.batching import Batch, PairDataset
 from nmt.data.corpus import load_corpus
 from nmt.data.module import TranslationDataModule, decoding_loader, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.engines import ENGINES
+from nmt.errors import NMTError
 from nmt.models import build_model
 from nmt.plots import save_lines
 from nmt.precision import training_precision
@@ -133,22 +137,35 @@ def greedy_recompute(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_r
     return int(prefix.size(1) - 1) * src.size(0)
 
 
+def _decode_row(translator, engine: str, sources: list[str], beam: int) -> dict:
+    """One timed pass of a translator (either engine) over ``sources`` with this beam."""
+    start = time.perf_counter()
+    results = translator.translate(sources, beam_size=beam)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(r[0].pieces) + 1 for r in results)  # + EOS
+    return {"engine": engine, "mode": f"beam{beam}" if beam > 1 else "greedy", "beam": beam,
+            "seconds": round(seconds, 2),
+            "sent_per_s": round(len(sources) / seconds, 1),
+            "tok_per_s": round(tokens / seconds, 1),
+            "avg_output_len": round(tokens / len(sources), 2)}
+
+
 def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int | None = None,
-                 recompute: bool = True) -> dict:
-    """Sentences/s and generated tokens/s of greedy and beam search over a corpus split."""
+                 recompute: bool = True, engines: tuple[str, ...] = ("torch",)) -> dict:
+    """Sentences/s and generated tokens/s of greedy and beam search over a corpus split, for
+    each engine in turn at each beam size (ctranslate2: the run exported in float32)."""
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise NMTError(f"unknown engine '{unknown[0]}'; choose from: {', '.join(ENGINES)}")
     translator = Translator.from_run_dir(run_dir)
     sources = list(load_corpus(translator.config.data)[split]["src"])[:limit]
-    rows = []
-    for beam in beams:
-        start = time.perf_counter()
-        results = translator.translate(sources, beam_size=beam)
-        seconds = time.perf_counter() - start
-        tokens = sum(len(r[0].pieces) + 1 for r in results)  # + EOS
-        rows.append({"mode": f"beam{beam}" if beam > 1 else "greedy", "beam": beam,
-                     "seconds": round(seconds, 2),
-                     "sent_per_s": round(len(sources) / seconds, 1),
-                     "tok_per_s": round(tokens / seconds, 1),
-                     "avg_output_len": round(tokens / len(sources), 2)})
+    with tempfile.TemporaryDirectory() as tmp:
+        decoders = {"torch": translator}
+        if "ctranslate2" in engines:
+            from nmt.export import CTranslate2Translator, export_ctranslate2
+
+            decoders["ctranslate2"] = CTranslate2Translator(export_ctranslate2(run_dir, Path(tmp) / "ct2"))
+        rows = [_decode_row(decoders[e], e, sources, beam) for beam in beams for e in engines]
     if recompute:  # greedy without the incremental state: the whole prefix every step
         loader = decoding_loader(PairDataset(translator.encode_lines(sources)),
                                  translator.config.data.eval_max_tokens)
@@ -157,14 +174,17 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
             tokens += greedy_recompute(translator.model, batch.src, batch.src_mask,
                                        translator.config.decoding.max_len_ratio)
         seconds = time.perf_counter() - start
-        rows.append({"mode": "greedy_recompute", "beam": 1, "seconds": round(seconds, 2),
-                     "sent_per_s": round(len(sources) / seconds, 1),
+        rows.append({"engine": "torch", "mode": "greedy_recompute", "beam": 1,
+                     "seconds": round(seconds, 2), "sent_per_s": round(len(sources) / seconds, 1),
                      "tok_per_s": None, "avg_output_len": None})
-    times = {row["mode"]: row["seconds"] for row in rows}
+    times = {row["mode"]: row["seconds"] for row in rows if row["engine"] == "torch"}
     summary = {"bench": "decode", "run": str(run_dir), "split": split, "sentences": len(sources),
                "rows": rows, "peak_rss_mb": round(peak_rss_mb(), 1)}
     if "greedy" in times:
         summary["beam_cost_vs_greedy"] = {m: round(s / times["greedy"], 2) for m, s in times.items()}
+    if {"torch", "ctranslate2"} <= set(engines):  # torch seconds / ctranslate2 seconds
+        ct2 = {row["mode"]: row["seconds"] for row in rows if row["engine"] == "ctranslate2"}
+        summary["ctranslate2_speedup"] = {m: round(times[m] / s, 2) for m, s in ct2.items()}
     return summary
 
 

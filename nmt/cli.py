@@ -92,9 +92,10 @@ def read_lines(path: str | None) -> list[str]:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    from nmt.translator import Translator, moses_nbest
+    from nmt.engines import load_translator
+    from nmt.translator import moses_nbest
 
-    translator = Translator.from_run_dir(args.checkpoint, args.device, args.weights)
+    translator = load_translator(args.checkpoint, args.engine, args.device, args.weights)
     lines = read_lines(args.input)
     need_attn = args.plot_attention is not None
     results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn)
@@ -163,6 +164,26 @@ def cmd_average(args: argparse.Namespace) -> None:
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    try:
+        from nmt.serve import serve
+    except ImportError:
+        raise NMTError('nmt serve needs LitServe: pip install -e ".[serve]"') from None
+    serve(args.checkpoint, args.host, args.port, args.engine, args.beam, args.max_batch)
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    if args.format != "ctranslate2":
+        raise NMTError(f"unknown export format '{args.format}'; available: ctranslate2")
+    try:
+        from nmt.export import export_ctranslate2
+    except ImportError:
+        raise NMTError('nmt export needs CTranslate2: pip install -e ".[export]"') from None
+    out = export_ctranslate2(args.checkpoint, args.out, args.quantization)
+    print(f"CTranslate2 model ({args.quantization}) written to {out}/; use it with "
+          f"nmt translate --engine ctranslate2 --checkpoint {out}")
+
+
 def print_table(rows: list[dict]) -> None:
     """A Markdown table of dicts sharing their keys."""
     keys = list(rows[0])
@@ -191,7 +212,8 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
                      for k, v in summary["exponents"].items()])
     else:
         beams = [int(b) for b in args.beam.split(",")]
-        summary = bench.bench_decode(args.checkpoint, beams, args.split, args.limit)
+        summary = bench.bench_decode(args.checkpoint, beams, args.split, args.limit,
+                                     engines=tuple(args.engine.split(",")))
         print_table(summary["rows"])
     print(json.dumps(summary))
 
@@ -225,6 +247,8 @@ def parser() -> argparse.ArgumentParser:
     translate = sub.choices["translate"]
     translate.add_argument("--input", help="input file (default stdin)")
     translate.add_argument("--output", help="output file (default stdout)")
+    translate.add_argument("--engine", default="torch",
+                           help="torch | ctranslate2 (--checkpoint: a folder from nmt export)")
     translate.add_argument("--nbest", type=int, default=1)
     translate.add_argument("--plot-attention", metavar="DIR",
                            help="write a heatmap PNG of each sentence's attention to DIR")
@@ -233,6 +257,21 @@ def parser() -> argparse.ArgumentParser:
     translate.add_argument("--attention-head", default="mean",
                            help="Transformer: mean over heads, a head number, or all (one panel each)")
     sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")
+
+    serve = sub.add_parser("serve", help="translate over HTTP, with a web page of the attention")
+    serve.add_argument("--checkpoint", required=True, nargs="+",
+                       help="run directories (exported models with --engine ctranslate2)")
+    serve.add_argument("--host", default="127.0.0.1", help="127.0.0.1, 0.0.0.0 or ::")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--beam", type=int, default=5, help="beam size when a request names none")
+    serve.add_argument("--engine", default="torch", help="torch | ctranslate2")
+    serve.add_argument("--max-batch", type=int, default=32, help="requests decoded together")
+
+    export = sub.add_parser("export", help="convert a Transformer run for another inference engine")
+    export.add_argument("--checkpoint", required=True, help="run directory")
+    export.add_argument("--format", default="ctranslate2", help="ctranslate2")
+    export.add_argument("--quantization", default="float32", help="float32 | int8")
+    export.add_argument("--out", required=True, help="output directory (replaced if it exists)")
 
     average = sub.add_parser("average", help="average the weights of a run's last checkpoints")
     average.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
@@ -264,6 +303,8 @@ def parser() -> argparse.ArgumentParser:
     bench_decode.add_argument("--beam", default="1,5", help="comma-separated beam sizes")
     bench_decode.add_argument("--split", default="test")
     bench_decode.add_argument("--limit", type=int, help="first N sentences only")
+    bench_decode.add_argument("--engine", default="torch",
+                              help="comma-separated: torch, ctranslate2 (the run exported in float32)")
     bench_attention = what.add_parser("attention", help="each scorer's cost as length grows")
     bench_attention.add_argument("--max-len", type=int, default=1024)
     bench_attention.add_argument("--batch", type=int, default=2)
@@ -288,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
             raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
         elif args.command == "translate":
             cmd_translate(args)
+        elif args.command == "serve":
+            cmd_serve(args)
+        elif args.command == "export":
+            cmd_export(args)
         elif args.command == "average":
             cmd_average(args)
         else:

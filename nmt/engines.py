@@ -1,0 +1,30 @@
+"""Which inference engine runs a model: our PyTorch ``Translator`` or CTranslate2.
+
+Both offer ``translate(lines, beam_size, nbest, alpha, need_attn)``, ``encode_lines``,
+``tokenizer`` and ``config``, so ``translate``, ``serve`` and ``bench decode`` take either.
+"""
+
+from __future__ import annotations
+
+from nmt.errors import NMTError
+
+ENGINES = ("torch", "ctranslate2")
+
+
+def load_translator(path: str, engine: str = "torch", device: str | None = None,
+                    weights: str | None = None):
+    """A run directory (and optionally another checkpoint file of it) for torch; a directory
+    written by ``nmt export`` for ctranslate2."""
+    if engine == "torch":
+        from nmt.translator import Translator
+
+        return Translator.from_run_dir(path, device, weights)
+    if weights is not None:
+        raise NMTError("--weights is for the torch engine; export those weights instead")
+    if engine == "ctranslate2":
+        try:
+            from nmt.export import CTranslate2Translator
+        except ImportError:
+            raise NMTError('the ctranslate2 engine needs CTranslate2: pip install -e ".[export]"') from None
+        return CTranslate2Translator(path, device)
+    raise NMTError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")

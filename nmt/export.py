@@ -1,0 +1,225 @@
+"""Export a Transformer run to CTranslate2, and translate with the exported model.
+
+``RunConverter`` is a CTranslate2 ``Converter``: it fills a ``TransformerSpec`` with our
+weights. What has to match our ``TransformerModel`` exactly:
+
+* pre-norm (or post-norm) residual blocks, and the final layer norm of each pre-norm stack;
+* our sinusoidal table, passed as it is: CTranslate2's own table puts the sines and cosines
+  in two halves, ours interleaves them (``models.transformer.sinusoids``);
+* embeddings scaled by sqrt(D) before the positions are added (section 3.4);
+* one embedding matrix for source, target and output layer (CTranslate2 stores it once);
+* torch's LayerNorm epsilon (1e-5) and its separate q, k, v projections, fused here the way
+  CTranslate2 expects them (q|k|v for self-attention, k|v for cross-attention).
+
+``CTranslate2Translator`` offers ``Translator.translate`` over an exported directory.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import sys
+from pathlib import Path
+
+import ctranslate2
+import numpy as np
+import torch
+from ctranslate2.specs import TransformerSpec
+from torch import nn
+
+from nmt.config import Config, load_config
+from nmt.data.tokenizer import Tokenizer
+from nmt.errors import NMTError
+from nmt.models.transformer import TransformerModel
+from nmt.plots import EOS_PIECE
+from nmt.search import length_penalty, max_output_lengths
+from nmt.translator import Translation, Translator
+
+QUANTIZATIONS = ("float32", "int8")
+BESIDE_THE_MODEL = ("spm.model", "config.yaml")  # what our side needs: pieces and options
+NEVER_EMITTED = [["<pad>"], ["<s>"]]  # as in search.restrict
+
+
+def check_exportable(config: Config) -> None:
+    """One-line ``NMTError`` for runs CTranslate2 has no implementation of."""
+    family = config.model.get("family")
+    attention = config.model.get("attention", "scaled_dot")
+    if family != "transformer":
+        raise NMTError(f"CTranslate2 cannot run a '{family}' model: it implements Transformers "
+                       "only, and has no recurrent encoder-decoder with Bahdanau attention")
+    if attention != "scaled_dot":
+        raise NMTError(f"CTranslate2 cannot run '{attention}' attention: its Transformer "
+                       "computes scaled dot-product attention only (train with scaled_dot)")
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().float().numpy()
+
+
+def _set_linear(spec, *layers: nn.Linear) -> None:
+    """One CTranslate2 linear from one or several of ours, stacked along the outputs."""
+    spec.weight = np.concatenate([_array(layer.weight) for layer in layers])
+    spec.bias = np.concatenate([_array(layer.bias) for layer in layers])
+
+
+def _set_norm(spec, norm: nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
+
+
+def _set_attention(spec, attention, norm: nn.LayerNorm, self_attention: bool) -> None:
+    """q|k|v fused for self-attention; q and k|v for cross-attention; then the output."""
+    if self_attention:
+        _set_linear(spec.linear[0], attention.q_proj, attention.k_proj, attention.v_proj)
+    else:
+        _set_linear(spec.linear[0], attention.q_proj)
+        _set_linear(spec.linear[1], attention.k_proj, attention.v_proj)
+    _set_linear(spec.linear[-1], attention.out_proj)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_ffn(spec, layer) -> None:
+    _set_linear(spec.linear_0, layer.ff[0])
+    _set_linear(spec.linear_1, layer.ff[3])  # ff = Linear, ReLU, Dropout, Linear
+    _set_norm(spec.layer_norm, layer.res_ff.norm)
+
+
+def _set_inputs(spec, model: TransformerModel, embeddings) -> None:
+    """Shared embedding matrix, scaled by sqrt(D), plus our own position table."""
+    embeddings.weight = _array(model.embed.weight)
+    spec.scale_embeddings = True
+    spec.position_encodings.encodings = _array(model.positions)
+
+
+class RunConverter(ctranslate2.converters.Converter):
+    """Our Transformer (a loaded ``Translator``) -> ``TransformerSpec``."""
+
+    def __init__(self, translator: Translator):
+        self.model, self.tokenizer = translator.model, translator.tokenizer
+
+    def _load(self) -> TransformerSpec:
+        model = self.model
+        heads = model.encoder[0].self_attn.heads
+        pre_norm = model.encoder[0].res_attn.pre_norm
+        # Attention returned by CTranslate2: the mean over all heads of the last layer, as ours.
+        spec = TransformerSpec.from_config((len(model.encoder), len(model.decoder)), heads,
+                                           pre_norm=pre_norm, alignment_layer=-1,
+                                           alignment_heads=heads)
+        spec.config.layer_norm_epsilon = model.encoder[0].res_attn.norm.eps
+        _set_inputs(spec.encoder, model, spec.encoder.embeddings[0])
+        _set_inputs(spec.decoder, model, spec.decoder.embeddings)
+        spec.decoder.projection.weight = _array(model.embed.weight)  # tied output layer, no bias
+        for layer, layer_spec in zip(model.encoder, spec.encoder.layer):
+            _set_attention(layer_spec.self_attention, layer.self_attn, layer.res_attn.norm, True)
+            _set_ffn(layer_spec.ffn, layer)
+        for layer, layer_spec in zip(model.decoder, spec.decoder.layer):
+            _set_attention(layer_spec.self_attention, layer.self_attn, layer.res_self.norm, True)
+            _set_attention(layer_spec.attention, layer.cross_attn, layer.res_cross.norm, False)
+            _set_ffn(layer_spec.ffn, layer)
+        if pre_norm:
+            _set_norm(spec.encoder.layer_norm, model.enc_norm)
+            _set_norm(spec.decoder.layer_norm, model.dec_norm)
+        vocabulary = self.tokenizer.pieces(list(range(len(self.tokenizer))))
+        spec.register_source_vocabulary(vocabulary)
+        spec.register_target_vocabulary(vocabulary)
+        return spec
+
+
+def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str = "float32") -> Path:
+    """Convert ``run_dir`` into a CTranslate2 model in ``out``, with our SentencePiece model
+    and config beside it (all ``nmt translate --engine ctranslate2`` needs)."""
+    run_dir, out = Path(run_dir), Path(out)
+    if quantization not in QUANTIZATIONS:
+        raise NMTError(f"unknown quantization '{quantization}'; choose one of: {', '.join(QUANTIZATIONS)}")
+    if not (run_dir / "config.yaml").is_file():
+        raise NMTError(f"no config.yaml in {run_dir}: is it a training run directory?")
+    check_exportable(load_config(run_dir / "config.yaml"))
+    translator = Translator.from_run_dir(run_dir, "cpu")
+    if out.resolve() == run_dir.resolve():
+        raise NMTError("--out must be a new directory, not the run directory")
+    RunConverter(translator).convert(str(out), quantization=quantization, force=True)
+    for name in BESIDE_THE_MODEL:
+        shutil.copy(run_dir / name, out / name)
+    return out
+
+
+class CTranslate2Translator:
+    """``Translator.translate`` on an exported model, run by CTranslate2.
+
+    Decoding follows ``nmt.search``: PAD and BOS are never emitted, each output is cut to its
+    budget of ``max_len_ratio`` x source length + 5 pieces (CTranslate2 takes one maximum per
+    call, so the cut is applied afterwards: exact for greedy search), and beam hypotheses are
+    ranked with the GNMT length penalty (CTranslate2's own is length ** alpha, so it runs
+    with none and returns all K finished hypotheses with their raw log-probabilities).
+    """
+
+    def __init__(self, model_dir: str | Path, device: str | None = None, threads: int = 0):
+        model_dir = Path(model_dir)
+        if not (model_dir / "model.bin").is_file():
+            raise NMTError(f"no CTranslate2 model in {model_dir}: export one first with "
+                           f"nmt export --checkpoint RUN --format ctranslate2 --out {model_dir}")
+        self.config = load_config(model_dir / "config.yaml")
+        self.tokenizer = Tokenizer(model_dir / "spm.model")
+        default = inspect.signature(TransformerModel).parameters["max_positions"].default
+        self.max_positions = self.config.model.get("max_positions", default)
+        self.engine = ctranslate2.Translator(str(model_dir), device=device or "cpu",
+                                             intra_threads=threads or torch.get_num_threads())
+
+    def encode_lines(self, lines: list[str]) -> list[list[int]]:
+        """Piece ids per line, cut to what the model accepts (room left for EOS), with the
+        warning ``Translator.encode_lines`` gives."""
+        limit = self.max_positions - 1
+        ids = self.tokenizer.encode(lines)
+        for number, seq in enumerate(ids, start=1):
+            if len(seq) > limit:
+                print(f"warning: line {number} has {len(seq)} pieces; truncated to {limit}",
+                      file=sys.stderr)
+                del seq[limit:]
+        return ids
+
+    def translate(self, lines: list[str], beam_size: int | None = None, nbest: int = 1,
+                  alpha: float | None = None, need_attn: bool = False) -> list[list[Translation]]:
+        """Same contract as ``Translator.translate``; attention is (T, S): the last layer's
+        cross-attention averaged over heads."""
+        dec = self.config.decoding
+        beam_size = dec.beam_size if beam_size is None else beam_size
+        alpha = dec.alpha if alpha is None else alpha
+        if beam_size < 1 or not 1 <= nbest <= beam_size:
+            raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, "
+                           f"nbest {nbest}")
+        ids = self.encode_lines(lines)
+        results = [[Translation("", 0.0, [], log_prob=0.0)] for _ in lines]  # empty lines
+        todo = [i for i, seq in enumerate(ids) if seq]
+        if not todo:
+            return results
+        sources = [self.tokenizer.pieces(ids[i]) + [EOS_PIECE] for i in todo]
+        budgets = self._budgets(sources, dec.max_len_ratio)
+        found = self.engine.translate_batch(
+            sources, max_batch_size=self.config.data.eval_max_tokens, batch_type="tokens",
+            beam_size=beam_size, num_hypotheses=beam_size, length_penalty=0.0,
+            suppress_sequences=NEVER_EMITTED, max_decoding_length=max(budgets),
+            max_input_length=0, return_scores=True, return_attention=need_attn)
+        for line, source, budget, result in zip(todo, sources, budgets, found):
+            hyps = [self._hypothesis(result, k, budget - 1, alpha, source, need_attn)
+                    for k in range(len(result.hypotheses))]
+            results[line] = sorted(hyps, key=lambda t: -t.score)[:nbest]
+        return results
+
+    def _budgets(self, sources: list[list[str]], ratio: float) -> list[int]:
+        """Steps each sentence may take, EOS included, as ``search.max_output_lengths``."""
+        lengths = torch.tensor([len(s) for s in sources])
+        mask = torch.arange(int(lengths.max())) < lengths.unsqueeze(1)
+        return max_output_lengths(mask, ratio, self.max_positions).tolist()
+
+    def _hypothesis(self, result, k: int, limit: int, alpha: float, source: list[str],
+                    need_attn: bool) -> Translation:
+        """Hypothesis ``k`` of a result, cut to ``limit`` pieces, scored as
+        ``search.beam_search`` scores: log-probability (EOS included) / GNMT penalty."""
+        pieces = result.hypotheses[k][:limit]
+        ids = [self.tokenizer.sp.piece_to_id(p) for p in pieces]
+        penalty = length_penalty(len(pieces) + 1, alpha)
+        translation = Translation(self.tokenizer.decode([ids])[0], result.scores[k] / penalty,
+                                  pieces, log_prob=result.scores[k], length_penalty=penalty)
+        if need_attn:
+            translation.attention = torch.tensor(result.attention[k])[: len(pieces) + 1]
+            translation.source = source
+        return translation

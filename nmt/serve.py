@@ -1,0 +1,267 @@
+"""``nmt serve``: translation over HTTP with LitServe, and a page that shows the attention.
+
+A thin adapter around ``Translator`` (or ``export.CTranslate2Translator``). LitServe runs one
+inference worker; requests that arrive within ``BATCH_TIMEOUT`` seconds of each other (up to
+``max_batch`` of them) reach ``predict`` together, and the texts of all those that ask for
+the same model, beam and attention are decoded in one ``translate`` call: one batched beam
+search per length bucket.
+
+    POST /translate  {"text": ["...", ...], "beam": 5, "attention": false, "model": NAME}
+        -> {"model": NAME, "translations": ["...", ...],
+            "attention": [{"source": [...], "target": [...], "weights": [[...]]}, ...],  # if asked
+            "warnings": ["text 2 has 900 pieces; truncated to 511"]}                       # if any
+    GET /health      "ok" once the worker is ready (LitServe's)
+    GET /info        {"model": {"models": [{name, family, attention, src_lang, tgt_lang,
+                      parameters, engine}, ...], ...}, "server": {...}} (LitServe's)
+    GET /            the web page (nmt/web/)
+
+A bad request gets a 400 with {"error": "<one line>"}. It is checked in the worker but never
+raises there: LitServe answers every request of a batch with the error a batch raises, so a
+rejected request travels through the batch as a ``Rejected`` and only its own answer is a 400.
+"""
+
+import inspect
+import json
+import os
+import signal
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import litserve
+import torch
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from nmt.config import load_config
+from nmt.data.tokenizer import Tokenizer
+from nmt.engines import ENGINES, load_translator
+from nmt.errors import NMTError
+from nmt.models import build_model
+from nmt.plots import EOS_PIECE, attention_matrix
+
+HOSTS = ("127.0.0.1", "0.0.0.0", "::")
+FIELDS = ("text", "beam", "attention", "model")
+MAX_TEXTS = 64  # texts per request: more would hold up everyone batched with it
+MAX_BEAM = 16
+BATCH_TIMEOUT = 0.02  # seconds the worker waits for more requests to batch with
+MAX_PAYLOAD = 1_000_000  # bytes
+PAGE_FILES = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript")}
+
+
+@dataclass
+class Job:
+    """A valid request: what to translate, with which model and how."""
+
+    texts: list[str]
+    beam: int
+    attention: bool
+    model: str
+
+
+@dataclass
+class Rejected:
+    """A request that failed validation: its answer is a 400 with this message."""
+
+    message: str
+
+
+def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Rejected:
+    """Check a decoded JSON body field by field; the first problem found is the message."""
+    if not isinstance(body, dict):
+        return Rejected('the body must be a JSON object like {"text": ["..."]}')
+    unknown = [key for key in body if key not in FIELDS]
+    if unknown:
+        return Rejected(f"unknown field '{unknown[0]}'; valid fields: {', '.join(FIELDS)}")
+    texts, beam = body.get("text"), body.get("beam", default_beam)
+    attention, model = body.get("attention", False), body.get("model", models[0])
+    if texts is None:
+        return Rejected("missing field 'text': a list of strings to translate")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        return Rejected("'text' must be a list of strings")
+    if not 1 <= len(texts) <= MAX_TEXTS:
+        return Rejected(f"'text' must hold 1 to {MAX_TEXTS} strings, got {len(texts)}")
+    if type(beam) is not int or not 1 <= beam <= MAX_BEAM:  # bool is an int: excluded
+        return Rejected(f"'beam' must be an integer from 1 to {MAX_BEAM}, got {json.dumps(beam)}")
+    if not isinstance(attention, bool):
+        return Rejected(f"'attention' must be true or false, got {json.dumps(attention)}")
+    if model not in models:
+        return Rejected(f"unknown model {model!r}; served: {', '.join(models)}")
+    return Job(texts, beam, attention, model)
+
+
+def attention_view(translation) -> dict | None:
+    """The best translation's cross-attention as JSON: source pieces across, target down."""
+    if translation.attention is None:
+        return None
+    weights = attention_matrix(translation.attention)  # (T, S), mean over the last layer's heads
+    target = (translation.pieces + [EOS_PIECE])[: weights.size(0)]
+    return {"source": translation.source, "target": target,
+            "weights": [[round(w, 4) for w in row] for row in weights.tolist()]}
+
+
+class TranslationAPI(litserve.LitAPI):
+    """LitServe's view of our translators: decode_request -> predict (batched) -> response."""
+
+    def __init__(self, runs: dict[str, str], engine: str, default_beam: int, max_batch: int):
+        super().__init__(max_batch_size=max_batch, batch_timeout=BATCH_TIMEOUT,
+                         api_path="/translate")
+        self.runs, self.engine, self.default_beam = runs, engine, default_beam
+
+    def setup(self, device: str) -> None:
+        self.translators = {name: load_translator(path, self.engine, device.split(":")[0])
+                            for name, path in self.runs.items()}
+
+    def decode_request(self, request: dict) -> Job | Rejected:  # dict: FastAPI parses the JSON
+        return parse_request(request, list(self.runs), self.default_beam)
+
+    def predict(self, items: list[Job | Rejected]) -> list[dict | Rejected]:
+        """Group the jobs by (model, beam, attention); one ``translate`` call per group."""
+        outputs: list[dict | Rejected] = list(items)
+        groups: dict[tuple, list[int]] = {}
+        for position, item in enumerate(items):
+            if isinstance(item, Job):
+                groups.setdefault((item.model, item.beam, item.attention), []).append(position)
+        for (model, beam, attention), positions in groups.items():
+            jobs = [items[p] for p in positions]
+            texts = [text for job in jobs for text in job.texts]
+            results = self.translators[model].translate(texts, beam, need_attn=attention)
+            start = 0
+            for position, job in zip(positions, jobs):
+                mine = [hyps[0] for hyps in results[start : start + len(job.texts)]]
+                outputs[position] = self._answer(job, mine)
+                start += len(job.texts)
+        return outputs
+
+    def unbatch(self, output: list) -> list:
+        return output
+
+    def _answer(self, job: Job, translations: list) -> dict:
+        answer: dict[str, Any] = {"model": job.model, "translations": [t.text for t in translations]}
+        if job.attention:
+            answer["attention"] = [attention_view(t) for t in translations]
+        warnings = self._truncation_warnings(job)
+        if warnings:
+            answer["warnings"] = warnings
+        return answer
+
+    def _truncation_warnings(self, job: Job) -> list[str]:
+        """One line per text that the translator cut to the model's length limit."""
+        translator = self.translators[job.model]
+        full = translator.tokenizer.encode(job.texts)
+        kept = [len(ids) for ids in translator.encode_lines(job.texts)]
+        return [f"text {number} has {len(ids)} pieces; truncated to {length}"
+                for number, (ids, length) in enumerate(zip(full, kept), start=1)
+                if length < len(ids)]
+
+    def encode_response(self, output: dict | Rejected) -> Response:
+        if isinstance(output, Rejected):
+            return JSONResponse({"error": output.message}, status_code=400)
+        return JSONResponse(output)
+
+
+def model_info(name: str, path: str, engine: str) -> dict:
+    """What /info says about a served model, read from its config without loading weights."""
+    config = load_config(Path(path) / "config.yaml")
+    with torch.device("meta"):  # shapes only: counting parameters allocates nothing
+        model = build_model(config.model, len(Tokenizer(Path(path) / "spm.model")))
+    defaults = inspect.signature(type(model)).parameters
+    return {"name": name, "family": config.model["family"],
+            "attention": config.model.get("attention", defaults["attention"].default),
+            "src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
+            "parameters": sum(p.numel() for p in model.parameters()), "engine": engine}
+
+
+def served_models(paths: list[str], engine: str) -> dict[str, str]:
+    """Model name (the directory's name) -> path; each checked before any worker starts."""
+    runs: dict[str, str] = {}
+    for path in paths:
+        name = Path(path).resolve().name
+        if name in runs:
+            raise NMTError(f"two directories named '{name}': model names must differ")
+        if not (Path(path) / "config.yaml").is_file() or not (Path(path) / "spm.model").is_file():
+            what = "an exported model" if engine == "ctranslate2" else "a training run"
+            raise NMTError(f"{path} is not {what} directory (no config.yaml and spm.model)")
+        if engine == "ctranslate2" and not (Path(path) / "model.bin").is_file():
+            raise NMTError(f"no CTranslate2 model in {path}: export it first with "
+                           f"nmt export --checkpoint RUN --format ctranslate2 --out {path}")
+        runs[name] = path
+    return runs
+
+
+async def bad_body(request: Request, error: RequestValidationError) -> JSONResponse:
+    """FastAPI's answer to a body that is not a JSON object, in our one-line form."""
+    first = error.errors()[0]
+    if first["type"] == "json_invalid":
+        message = "the body is not valid JSON"
+    elif first["type"] == "missing":
+        message = 'the body is empty; send a JSON object like {"text": ["..."]}'
+    elif isinstance(first.get("input"), bytes):  # FastAPI parses JSON only when told it is JSON
+        message = "send the body as JSON, with the header Content-Type: application/json"
+    else:
+        message = 'the body must be a JSON object like {"text": ["..."]}'
+    return JSONResponse({"error": message}, status_code=400)
+
+
+async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+    """Every other HTTP error (unreadable body, timeout, ...) in the same {"error": ...} form."""
+    return JSONResponse({"error": str(error.detail)}, status_code=error.status_code,
+                        headers=getattr(error, "headers", None))
+
+
+def static_page(content: str, media_type: str):
+    """A GET endpoint that answers with fixed content (FastAPI reads no parameters from it)."""
+    async def page() -> Response:
+        return Response(content, media_type=media_type)
+    return page
+
+
+def add_page(app) -> None:
+    """Serve nmt/web/ at / and /app.js, replacing LitServe's "litserve running" at /."""
+    app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) != "/"]
+    web = resources.files("nmt") / "web"
+    for route, (filename, media_type) in PAGE_FILES.items():
+        content = (web / filename).read_text(encoding="utf-8")
+        app.add_api_route(route, static_page(content, media_type), methods=["GET"],
+                          include_in_schema=False)
+
+
+def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
+                 max_batch: int = 32, timeout: float = 120.0) -> litserve.LitServer:
+    """A LitServer for the given run (or export) directories; ``run`` it to serve."""
+    if engine not in ENGINES:
+        raise NMTError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
+    if not 1 <= beam <= MAX_BEAM:
+        raise NMTError(f"--beam must be from 1 to {MAX_BEAM}, got {beam}")
+    runs = served_models(paths, engine)
+    info = [model_info(name, path, engine) for name, path in runs.items()]
+    api = TranslationAPI(runs, engine, beam, max_batch)
+    server = litserve.LitServer(api, accelerator="auto", timeout=timeout,
+                                max_payload_size=MAX_PAYLOAD,
+                                model_metadata={"models": info, "default_beam": beam})
+    server.app.add_exception_handler(RequestValidationError, bad_body)
+    server.app.add_exception_handler(HTTPException, http_error)
+    add_page(server.app)
+    return server
+
+
+def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: str = "torch",
+          beam: int = 5, max_batch: int = 32) -> None:
+    """Serve until Ctrl-C or SIGTERM (either stops LitServe's worker processes too)."""
+    if host not in HOSTS:
+        raise NMTError(f"--host must be one of {', '.join(HOSTS)} (LitServe binds only these)")
+    if not 1024 <= port <= 65535:
+        raise NMTError(f"--port must be from 1024 to 65535, got {port}")
+    if max_batch < 1:
+        raise NMTError(f"--max-batch must be at least 1, got {max_batch}")
+    server = build_server(paths, engine, beam, max_batch)
+    # SIGTERM as Ctrl-C: LitServe then stops its worker processes. Its forked HTTP server
+    # keeps the default, so that LitServe's own terminate() ends it quietly.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    print(f"serving {', '.join(Path(p).resolve().name for p in paths)} with {engine} "
+          f"at http://{host}:{port}/", flush=True)
+    server.run(host=host, port=port, generate_client_file=False, log_level="warning")

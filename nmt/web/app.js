@@ -1,0 +1,110 @@
+// The page: list the served models (GET /info), translate the sentence with each chosen
+// model (POST /translate with attention), and draw each model's attention as a heatmap.
+"use strict";
+
+const CELL = 22;  // pixels per attention cell
+const FONT = "12px system-ui, sans-serif";
+
+async function loadModels() {
+  const info = await (await fetch("/info")).json();
+  const box = document.getElementById("models");
+  info.model.models.forEach((m, i) => {
+    const label = document.createElement("label");
+    label.style.marginRight = "1rem";
+    label.innerHTML = `<input type="checkbox" value="${m.name}" ${i === 0 ? "checked" : ""}> ${m.name}`;
+    label.title = `${m.family}, ${m.attention} attention, ${m.src_lang}->${m.tgt_lang}`;
+    box.appendChild(label);
+  });
+  document.getElementById("beam").value = info.model.default_beam;
+  return info.model.models;
+}
+
+async function translateWith(model, text, beam) {
+  const response = await fetch("/translate", {
+    method: "POST",
+    headers: {"Content-Type": "application/json"},
+    body: JSON.stringify({text: [text], beam: beam, attention: true, model: model}),
+  });
+  const answer = await response.json();
+  if (!response.ok) throw new Error(answer.error || response.statusText);
+  return answer;
+}
+
+// Source pieces across the top (written upwards), target pieces down the left side.
+function drawHeatmap(canvas, view) {
+  const ctx = canvas.getContext("2d");
+  ctx.font = FONT;
+  const longest = (pieces) => Math.max(...pieces.map((p) => ctx.measureText(p).width));
+  const left = longest(view.target) + 8, top = longest(view.source) + 8;
+  canvas.width = left + CELL * view.source.length + 2;
+  canvas.height = top + CELL * view.target.length + 2;
+  ctx.font = FONT;  // resizing the canvas resets its state
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  view.weights.forEach((row, t) => row.forEach((w, s) => {
+    const shade = Math.round(255 * (1 - w));
+    ctx.fillStyle = `rgb(${shade}, ${shade}, 255)`;
+    ctx.fillRect(left + s * CELL, top + t * CELL, CELL - 1, CELL - 1);
+  }));
+  ctx.fillStyle = "#222";
+  ctx.textBaseline = "middle";
+  ctx.textAlign = "right";
+  view.target.forEach((p, t) => ctx.fillText(p, left - 4, top + t * CELL + CELL / 2));
+  view.source.forEach((p, s) => {
+    ctx.save();
+    ctx.translate(left + s * CELL + CELL / 2, top - 4);
+    ctx.rotate(-Math.PI / 2);
+    ctx.textAlign = "left";
+    ctx.fillText(p, 0, 0);
+    ctx.restore();
+  });
+  canvas.dataset.drawn = `${view.target.length}x${view.source.length}`;
+}
+
+function card(model, answer) {
+  const div = document.createElement("div");
+  div.className = "card";
+  div.dataset.model = model.name;
+  div.innerHTML = `<h2></h2><div class="meta"></div><div class="translation"></div>`;
+  div.querySelector("h2").textContent = model.name;
+  div.querySelector(".meta").textContent =
+    `${model.family}, ${model.attention} attention, ${model.parameters.toLocaleString()} parameters, ${model.engine}`;
+  div.querySelector(".translation").textContent = answer.translations[0];
+  if (answer.attention && answer.attention[0]) {
+    const canvas = document.createElement("canvas");
+    div.appendChild(canvas);
+    drawHeatmap(canvas, answer.attention[0]);
+  }
+  return div;
+}
+
+async function run(models) {
+  const text = document.getElementById("source").value.trim();
+  const beam = parseInt(document.getElementById("beam").value, 10);
+  const chosen = [...document.querySelectorAll("#models input:checked")].map((c) => c.value);
+  const results = document.getElementById("results");
+  const status = document.getElementById("status");
+  results.replaceChildren();
+  if (!text || chosen.length === 0) {
+    status.textContent = "type a sentence and pick at least one model";
+    return;
+  }
+  status.textContent = "translating...";
+  const answers = await Promise.allSettled(chosen.map((name) => translateWith(name, text, beam)));
+  answers.forEach((a, i) => {
+    const model = models.find((m) => m.name === chosen[i]);
+    if (a.status === "fulfilled") {
+      results.appendChild(card(model, a.value));
+    } else {
+      const p = document.createElement("p");
+      p.className = "error";
+      p.textContent = `${chosen[i]}: ${a.reason.message}`;
+      results.appendChild(p);
+    }
+  });
+  status.textContent = "done";
+}
+
+loadModels().then((models) => {
+  document.getElementById("translate").addEventListener("click", () => run(models));
+});

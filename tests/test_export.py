@@ -1,0 +1,133 @@
+"""nmt export to CTranslate2: the exported model decodes as ours does (tiny trained run),
+int8 works, and runs CTranslate2 cannot execute get a one-line reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.cli import main
+from nmt.config import load_config, save_config
+from nmt.data.batching import collate
+from nmt.export import CTranslate2Translator
+from nmt.plots import EOS_PIECE, attention_matrix
+from nmt.translator import Translator
+
+from .conftest import tiny_train_args, write_corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    return folder, write_corpus(folder)
+
+
+@pytest.fixture(scope="module")
+def run(corpus):
+    folder, files = corpus
+    assert main(tiny_train_args(files, folder / "run", folder / "data", epochs=2)) == 0
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "ct2"
+    assert main(["export", "--checkpoint", str(run), "--format", "ctranslate2", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def sources(corpus) -> list[str]:
+    _, files = corpus
+    lines = []
+    for split in ("val", "test"):
+        with open(files[split][0], encoding="utf-8") as f:
+            lines += f.read().splitlines()
+    return lines
+
+
+def test_export_writes_model_beside_tokenizer_and_config(exported):
+    for name in ("model.bin", "shared_vocabulary.json", "spm.model", "config.yaml"):
+        assert (exported / name).is_file(), name
+
+
+def test_float32_greedy_equals_ours(run, exported, sources):
+    ours = Translator.from_run_dir(run, "cpu").translate(sources, beam_size=1)
+    theirs = CTranslate2Translator(exported).translate(sources, beam_size=1)
+    same = sum(a[0].text == b[0].text for a, b in zip(ours, theirs))
+    assert same >= 0.99 * len(sources), f"{same} of {len(sources)} lines equal"
+
+
+def test_float32_attention_matches_ours(run, exported, sources):
+    """Each decoding step's cross-attention (last layer, mean over heads) agrees."""
+    lines = sources[:8]
+    ours = Translator.from_run_dir(run, "cpu").translate(lines, 1, need_attn=True)
+    theirs = CTranslate2Translator(exported).translate(lines, 1, need_attn=True)
+    for (a,), (b,) in zip(ours, theirs):
+        assert a.pieces == b.pieces and a.source == b.source
+        torch.testing.assert_close(b.attention, attention_matrix(a.attention), atol=1e-4, rtol=1e-3)
+
+
+def test_float32_log_probs_match_ours(run, exported, corpus):
+    """Teacher-forced log-probabilities of the reference translations, token by token: the
+    whole network (embeddings, positions, every layer, final norms, tied output layer)."""
+    _, files = corpus
+    src, tgt = ([line.strip() for line in open(files["test"][i], encoding="utf-8")][:10] for i in (0, 1))
+    translator = Translator.from_run_dir(run, "cpu")
+    tokenizer = translator.tokenizer
+    src_ids, tgt_ids = tokenizer.encode(src), tokenizer.encode(tgt)
+    batch = collate(list(zip(range(len(src)), src_ids, tgt_ids)))
+    with torch.no_grad():
+        log_probs = translator.model(batch.src, batch.src_mask, batch.tgt_in).log_softmax(-1)
+    ours = log_probs.gather(-1, batch.tgt_out.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    theirs = CTranslate2Translator(exported).engine.score_batch(
+        [tokenizer.pieces(s) + [EOS_PIECE] for s in src_ids], [tokenizer.pieces(t) for t in tgt_ids])
+    for row, ids, result in zip(ours, tgt_ids, theirs):
+        torch.testing.assert_close(torch.tensor(result.log_probs), row[: len(ids) + 1],
+                                   atol=1e-3, rtol=1e-4)
+
+
+def test_translate_cli_with_ctranslate2_engine(run, exported, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("haus mann\n\nkatze blau im park\n", encoding="utf-8")
+    outputs = []
+    for engine, model in (("torch", run), ("ctranslate2", exported)):
+        assert main(["translate", "--checkpoint", str(model), "--engine", engine,
+                     "--input", str(source), "--beam", "1"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[1].count("\n") == 3
+
+
+def test_int8_export_translates(run, tmp_path, sources):
+    out = tmp_path / "int8"
+    assert main(["export", "--checkpoint", str(run), "--quantization", "int8", "--out", str(out)]) == 0
+    results = CTranslate2Translator(out).translate(sources[:5], beam_size=2)
+    assert len(results) == 5 and all(r[0].pieces for r in results)
+
+
+@pytest.mark.parametrize("model,message", [
+    ({"family": "rnn", "attention": "additive"}, "implements Transformers only"),
+    ({"family": "transformer", "attention": "general"}, "scaled dot-product attention only"),
+])
+def test_unsupported_runs_get_one_line_reason(run, tmp_path, capsys, model, message):
+    other = tmp_path / "other"
+    config = load_config(run / "config.yaml")
+    config.model = model
+    save_config(config, other / "config.yaml")
+    assert main(["export", "--checkpoint", str(other), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--quantization", "int4"], "unknown quantization 'int4'"),
+    (["--format", "onnx"], "unknown export format 'onnx'"),
+])
+def test_bad_export_options(run, tmp_path, capsys, argv, message):
+    assert main(["export", "--checkpoint", str(run), "--out", str(tmp_path / "o"), *argv]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_ctranslate2_engine_needs_an_export(run, capsys):
+    assert main(["translate", "--checkpoint", str(run), "--engine", "ctranslate2"]) == 1
+    assert "nmt export" in capsys.readouterr().err
