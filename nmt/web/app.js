@@ -10,8 +10,11 @@ async function loadModels() {
   const box = document.getElementById("models");
   info.model.models.forEach((m, i) => {
     const label = document.createElement("label");
-    label.style.marginRight = "1rem";
-    label.innerHTML = `<input type="checkbox" value="${m.name}" ${i === 0 ? "checked" : ""}> ${m.name}`;
+    const check = document.createElement("input");
+    check.type = "checkbox";
+    check.value = m.name;
+    check.checked = i === 0;
+    label.append(check, ` ${m.name} `);
     label.title = `${m.family}, ${m.attention} attention, ${m.src_lang}->${m.tgt_lang}`;
     box.appendChild(label);
   });

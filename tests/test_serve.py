@@ -1,0 +1,257 @@
+"""nmt serve: a real server (``nmt serve`` in a subprocess on a free localhost port) with two
+tiny runs. Translations come back in order and equal ``Translator``'s; bad requests get a
+one-line 400 and leave the server running; concurrent requests, batched together, each get
+their own answer; the web page translates and draws the heatmap in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from nmt.cli import main
+from nmt.translator import Translator
+
+from .conftest import tiny_train_args, write_corpus
+
+START_SECONDS = 240  # a busy 2-core machine needs a while to start LitServe's worker
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two tiny runs (different seeds, so different translations) and the test sentences."""
+    folder = tmp_path_factory.mktemp("serve")
+    files = write_corpus(folder)
+    paths = [folder / "first", folder / "second"]
+    for path, seed in zip(paths, ("3", "4")):
+        assert main(tiny_train_args(files, path, folder / "data") + ["--seed", seed]) == 0
+    sentences = Path(files["test"][0]).read_text(encoding="utf-8").splitlines()
+    return {path.name: Translator.from_run_dir(path, "cpu") for path in paths}, paths, sentences
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(url: str, body: bytes | dict | None = None, headers: dict | None = None):
+    """(status, decoded JSON or text) of a GET, or of a POST when there is a body."""
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request(url, data=data, headers=JSON if headers is None else headers,
+                                 method="GET" if body is None else "POST")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
+def start_server(args: list[str], log: Path):
+    """``nmt serve`` in its own process group; returns (process, base URL) once healthy."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nmt", "serve", *args, "--port", str(port)],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"nmt serve exited with {process.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if request(url + "/health")[0] == 200:
+                return process, url
+        except OSError:
+            pass  # not listening yet
+        time.sleep(1)
+    stop_server(process)
+    pytest.fail(f"nmt serve not healthy after {START_SECONDS} s: {log.read_text()[-2000:]}")
+
+
+def stop_server(process) -> None:
+    """SIGTERM: LitServe stops its workers; if it hangs, kill the group we started."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(runs, tmp_path_factory):
+    _, paths, _ = runs
+    log = tmp_path_factory.mktemp("log") / "serve.log"
+    process, url = start_server(["--checkpoint", *map(str, paths), "--beam", "2"], log)
+    yield url
+    stop_server(process)
+    assert process.returncode == 0, log.read_text()[-2000:]
+
+
+def expected(translator: Translator, texts: list[str], beam: int) -> list[str]:
+    return [hyps[0].text for hyps in translator.translate(texts, beam)]
+
+
+def test_health_and_info(server, runs):
+    translators, _, _ = runs
+    assert request(server + "/health") == (200, "ok")
+    status, info = request(server + "/info")
+    assert status == 200 and info["model"]["default_beam"] == 2
+    models = info["model"]["models"]
+    assert [m["name"] for m in models] == ["first", "second"]
+    for m in models:
+        assert (m["family"], m["attention"], m["src_lang"], m["tgt_lang"], m["engine"]) == \
+            ("transformer", "scaled_dot", "de", "en", "torch")
+        assert m["parameters"] == sum(p.numel() for p in translators[m["name"]].model.parameters())
+
+
+def test_translations_in_order_from_the_chosen_model(server, runs):
+    translators, _, sentences = runs
+    texts = sentences[:10] + [""]
+    answers = {}
+    for name, beam in (("first", 1), ("second", 3)):
+        status, answer = request(server + "/translate", {"text": texts, "beam": beam, "model": name})
+        assert status == 200 and answer["model"] == name and "warnings" not in answer
+        assert answer["translations"] == expected(translators[name], texts, beam)
+        answers[name] = answer["translations"]
+    assert answers["first"][-1] == "" and answers["first"] != answers["second"]
+    status, answer = request(server + "/translate", {"text": texts[:2]})  # defaults: first, beam 2
+    assert answer["model"] == "first"
+    assert answer["translations"] == expected(translators["first"], texts[:2], 2)
+
+
+def test_attention_matrix_with_pieces(server, runs):
+    translators, _, sentences = runs
+    status, answer = request(server + "/translate", {"text": [sentences[0], ""], "attention": True})
+    assert status == 200 and answer["attention"][1] is None  # nothing to attend for an empty text
+    view = answer["attention"][0]
+    tokenizer = translators["first"].tokenizer
+    assert view["source"] == tokenizer.pieces(tokenizer.encode([sentences[0]])[0]) + ["</s>"]
+    assert view["target"][-1] == "</s>" and len(view["weights"]) == len(view["target"])
+    for row in view["weights"]:
+        assert len(row) == len(view["source"]) and sum(row) == pytest.approx(1.0, abs=1e-2)
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"beam": 2}, "missing field 'text'"),
+    ({"text": "ein hund"}, "'text' must be a list of strings"),
+    ({"text": ["ein", 3]}, "'text' must be a list of strings"),
+    ({"text": []}, "'text' must hold 1 to 64 strings, got 0"),
+    ({"text": ["x"] * 65}, "'text' must hold 1 to 64 strings, got 65"),
+    ({"text": ["x"], "beam": True}, "'beam' must be an integer from 1 to 16, got true"),
+    ({"text": ["x"], "beam": "5"}, "'beam' must be an integer"),
+    ({"text": ["x"], "beam": 0}, "'beam' must be an integer"),
+    ({"text": ["x"], "attention": 1}, "'attention' must be true or false"),
+    ({"text": ["x"], "model": "third"}, "unknown model 'third'; served: first, second"),
+    ({"text": ["x"], "txet": 1}, "unknown field 'txet'"),
+    (b"[1, 2]", "the body must be a JSON object"),
+    (b'{"text": [', "not valid JSON"),
+    (b"", "the body is empty"),
+    (b'{"text": ["\xff\xfe"]}', "error parsing the body"),  # not UTF-8
+])
+def test_bad_request_gets_one_line_400(server, body, message):
+    status, answer = request(server + "/translate", body)
+    assert status == 400 and message in answer["error"] and "\n" not in answer["error"]
+
+
+def test_body_without_json_content_type(server):
+    status, answer = request(server + "/translate", b'{"text": ["x"]}', headers={})
+    assert status == 400 and "Content-Type: application/json" in answer["error"]
+
+
+def test_too_long_text_is_truncated_with_warning(server):
+    status, answer = request(server + "/translate", {"text": ["hund", "haus " * 600], "beam": 1})
+    assert status == 200 and len(answer["translations"]) == 2
+    assert answer["warnings"] == ["text 2 has 600 pieces; truncated to 511"]
+
+
+def test_concurrent_requests_each_get_their_own_answer(server, runs):
+    """Requests arriving together are decoded in one batch; each answer is its own input's
+    translation, and a bad request in the same batch fails alone."""
+    translators, _, sentences = runs
+    jobs = [{"text": sentences[i : i + 1 + i % 3], "beam": 1 + i % 2, "model": ("first", "second")[i % 2]}
+            for i in range(24)]
+    bad = {5: {"text": [], "model": "first"}, 17: {"text": ["x"], "model": "nobody"}}
+    jobs = [bad.get(i, job) for i, job in enumerate(jobs)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(lambda job: request(server + "/translate", job), jobs))
+    for i, (job, (status, answer)) in enumerate(zip(jobs, answers)):
+        if i in bad:
+            assert status == 400 and "error" in answer
+        else:
+            assert status == 200, answer
+            assert answer["translations"] == expected(translators[job["model"]], job["text"], job["beam"])
+    assert request(server + "/health") == (200, "ok")
+
+
+def test_page_and_script_are_served(server):
+    status, page = request(server + "/")
+    assert status == 200 and '<script src="/app.js">' in page
+    status, script = request(server + "/app.js")
+    assert status == 200 and "function drawHeatmap" in script
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)")
+def test_web_page_translates_and_draws_heatmaps(server, runs, tmp_path):
+    """Headless Chromium: pick both models, translate, see both translations and heatmaps."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    translators, _, sentences = runs
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(server + "/")
+        page.check("#models input[value=second]")
+        page.fill("#source", sentences[0])
+        page.fill("#beam", "1")
+        page.click("#translate")
+        page.wait_for_selector(".card[data-model=second] canvas[data-drawn]", timeout=60_000)
+        for name in ("first", "second"):
+            card = page.locator(f".card[data-model={name}]")
+            want = expected(translators[name], sentences[:1], 1)[0]
+            assert card.locator(".translation").inner_text() == want
+            # Shaded cells: pixels that are neither white nor text-grey, i.e. the heatmap.
+            blue = card.locator("canvas").evaluate(
+                "c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+                " let n = 0; for (let i = 0; i < d.length; i += 4)"
+                " if (d[i + 2] === 255 && d[i] < 250) n++; return n; }")
+            assert blue > 100
+        page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+        browser.close()
+    assert (tmp_path / "page.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--host", "example.org"], "--host must be one of"),
+    (["--port", "80"], "--port must be from 1024 to 65535"),
+    (["--engine", "onnx"], "unknown engine 'onnx'"),
+    (["--engine", "ctranslate2"], "nmt export"),
+    (["--beam", "0"], "--beam must be from 1 to 16"),
+])
+def test_serve_bad_options_give_one_line_error(runs, capsys, argv, message):
+    _, paths, _ = runs
+    assert main(["serve", "--checkpoint", str(paths[0]), *argv]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_serve_missing_run_directory(capsys, tmp_path):
+    assert main(["serve", "--checkpoint", str(tmp_path / "nothing")]) == 1
+    assert "not a training run directory" in capsys.readouterr().err
