@@ -211,33 +211,70 @@ def _max_time(value: str | None) -> str | None:
     return ":".join(["00"] * (4 - len(parts)) + parts)
 
 
+# Options that may change between the segments of a resumed run: budgets, validation and
+# logging cadence, loader processes, decoding. Every other option decides the trajectory.
+RESUMABLE_CHANGES = {
+    "name", "run_dir", "data.num_workers", "data.eval_max_tokens", "trainer.max_epochs",
+    "trainer.max_steps", "trainer.max_time", "trainer.val_check_interval",
+    "trainer.log_every_n_steps", "trainer.early_stopping_patience",
+    "trainer.enable_progress_bar", "trainer.keep_last_checkpoints",
+}
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _check_resumable(config: Config, run_dir: Path) -> Path | None:
-    """last.ckpt if the run directory holds an earlier run of the same data and model."""
+    """last.ckpt if the run directory holds an earlier segment of this run; an error naming
+    the first option that differs if it was trained with other trajectory options."""
     last = run_dir / "last.ckpt"
     saved = run_dir / "config.yaml"
     if not last.is_file() or not saved.is_file():
         return None
-    before = yaml.safe_load(saved.read_text())
-    now = to_dict(config)
-    for section in ("data", "model"):
-        if before.get(section) != now[section]:
+    before, now = _flat(yaml.safe_load(saved.read_text())), _flat(to_dict(config))
+    for key in sorted(before.keys() | now.keys()):
+        if key not in RESUMABLE_CHANGES and key.split(".")[0] != "decoding" \
+                and before.get(key) != now.get(key):
             raise NMTError(
-                f"{run_dir} holds a run with a different {section} config; "
-                "choose another --run-dir or delete it"
+                f"{run_dir} holds a run trained with {key}={before.get(key)!r}, not "
+                f"{now.get(key)!r}; resume it with the same value, or choose another --run-dir"
             )
     return last
 
 
+class StopAtStepBudget(L.Callback):
+    """Ends a step budget the way Lightning ends a time budget, by ``should_stop``: the last
+    stretch is then validated and checkpointed inside the loop, in a state that resumes in the
+    middle of the epoch (a checkpoint written after ``fit`` would mark the epoch finished)."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True
+
+
 def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     t = config.trainer
+    # Checkpoints and early stopping act after each validation (once per epoch, or every
+    # trainer.val_check_interval batches): patience counts validations.
     callbacks = [
         ModelCheckpoint(
             dirpath=run_dir, filename="best", monitor="val_bleu", mode="max",
-            save_top_k=1, enable_version_counter=False,
+            save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=False,
         ),
         # Lightning's save_last only writes when "best" does; this one writes every validation.
-        ModelCheckpoint(dirpath=run_dir, filename="last", enable_version_counter=False),
-        EarlyStopping(monitor="val_bleu", mode="max", patience=t.early_stopping_patience),
+        ModelCheckpoint(dirpath=run_dir, filename="last", enable_version_counter=False,
+                        save_on_train_epoch_end=False),
+        EarlyStopping(monitor="val_bleu", mode="max", patience=t.early_stopping_patience,
+                      check_on_train_epoch_end=False),
+        StopAtStepBudget(),
     ]
     if config.optim.ema_decay > 0:
         callbacks.append(WeightEMA(config.optim.ema_decay))
@@ -256,6 +293,8 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         gradient_clip_val=t.gradient_clip_val,
         accumulate_grad_batches=t.accumulate_grad_batches,
         val_check_interval=t.val_check_interval,
+        # An integer interval counts batches across epoch ends, not within each epoch.
+        check_val_every_n_epoch=None if isinstance(t.val_check_interval, int) else 1,
         log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.enable_progress_bar,
         use_distributed_sampler=False,  # our batch sampler shards batches across ranks itself
@@ -294,20 +333,34 @@ def train(config: Config) -> Path:
     )
     trainer = build_trainer(config, run_dir)
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
+    print_effective_batch(config, trainer)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     best = trainer.checkpoint_callback.best_model_score
     best = float(best) if best is not None else None
-    if module.validated_step < trainer.global_step:
-        # A step budget stopped inside an epoch (Lightning validates itself only when a time
-        # budget stops it): validate that last stretch too, and keep it if it scores higher.
-        bleu = trainer.validate(module, datamodule=datamodule, verbose=False)[0]["val_bleu"]
-        if best is None or bleu > best:
-            trainer.save_checkpoint(run_dir / "best.ckpt")
-            best = bleu
-    trainer.save_checkpoint(run_dir / "last.ckpt")
+    if datamodule.epoch_finished():
+        # Budgets that stop inside an epoch were validated and checkpointed in the loop
+        # (StopAtStepBudget). At an epoch's end, validate it if trainer.val_check_interval
+        # batches left it unvalidated, and write last.ckpt as a finished epoch.
+        if module.validated_step < trainer.global_step:
+            bleu = trainer.validate(module, datamodule=datamodule, verbose=False)[0]["val_bleu"]
+            if best is None or bleu > best:
+                trainer.save_checkpoint(run_dir / "best.ckpt")
+                best = bleu
+        trainer.save_checkpoint(run_dir / "last.ckpt")
     if trainer.is_global_zero:
         write_train_stats(run_dir, module, trainer, best)
     return run_dir
+
+
+def print_effective_batch(config: Config, trainer: L.Trainer) -> None:
+    """One line at start: the tokens behind each optimizer step, across all processes."""
+    if trainer.is_global_zero:
+        t, tokens = config.trainer, config.data.max_tokens
+        total = trainer.world_size * tokens * t.accumulate_grad_batches
+        print(f"effective batch: {trainer.world_size} processes ({trainer.num_devices} devices x "
+              f"{trainer.num_nodes} nodes) x {tokens} tokens x {t.accumulate_grad_batches} "
+              f"accumulated = {total} padded tokens per optimizer step (lr {config.optim.lr})",
+              flush=True)
 
 
 def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Trainer,

@@ -160,17 +160,29 @@ def test_weight_ema_is_saved_and_resumes_exactly(corpus, run, tmp_path):
         torch.testing.assert_close(raw[name], value, msg=name)
 
 
-def test_ddp_on_two_cpu_processes(corpus, tmp_path):
-    folder, files = corpus
+def test_ddp_on_two_cpu_processes(tmp_path):
+    """Two processes train and validate; each decodes its share of an odd number of
+    validation sentences, and the BLEU they report together equals one process's on the
+    same checkpoint (one sentence per decoding batch, so padding cannot change a number)."""
+    files = write_corpus(tmp_path, sizes=(("train", 300), ("val", 41), ("test", 30)))
     run_dir = tmp_path / "ddp"
-    args = tiny_train_args(files, run_dir, folder / "data", epochs=1)
-    args += ["--trainer.strategy", "ddp", "--trainer.devices", "2"]
+    args = tiny_train_args(files, run_dir, tmp_path / "data", epochs=1)
+    args += ["--trainer.strategy", "ddp", "--trainer.devices", "2", "trainer.precision=32-true",
+             "data.eval_max_tokens=1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True,
                           env=env, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (run_dir / "best.ckpt").is_file()
     assert "distributed_backend=gloo" in done.stderr  # two processes really joined
+    [(_, ddp_bleu)] = _validations(run_dir)
+    single = subprocess.run([sys.executable, "-m", "nmt", "evaluate", "--checkpoint", str(run_dir),
+                             "--split", "val", "--beam", "1"], capture_output=True, text=True,
+                            env=env, timeout=300, cwd=REPO)
+    assert single.returncode == 0, single.stderr[-2000:]
+    scores = json.loads((run_dir / "eval" / "val.beam1.json").read_text())
+    assert scores["sentences"] == 41 and scores["bleu"] > 0
+    assert scores["bleu"] == round(ddp_bleu, 2)  # evaluate reports two decimals
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -231,7 +243,8 @@ def test_budget_ending_inside_an_epoch_validates_the_tail(corpus, run, tmp_path)
     args = tiny_train_args(files, run_dir, folder / "data", epochs=5)
     assert main(args + [f"trainer.max_steps={steps_per_epoch + 2}"]) == 0
     (epoch_step, epoch_bleu), (tail_step, tail_bleu) = _validations(run_dir)
-    assert (epoch_step, tail_step) == (steps_per_epoch - 1, steps_per_epoch + 2)
+    # Lightning logs a validation at the step before it (the tail, too, is validated in the loop).
+    assert (epoch_step, tail_step) == (steps_per_epoch - 1, steps_per_epoch + 1)
     best = torch.load(run_dir / "best.ckpt", map_location="cpu", weights_only=False)
     assert best["global_step"] == (steps_per_epoch + 2 if tail_bleu > epoch_bleu else steps_per_epoch)
     stats = json.loads((run_dir / "train_stats.json").read_text())

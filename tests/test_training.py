@@ -1,4 +1,4 @@
-"""Training pieces that need no corpus: the weight EMA's averaging window."""
+"""Training pieces that need no corpus: the weight EMA's averaging window, the loss."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from nmt.training import ramped_ema
+from nmt.config import DecodingConfig, OptimConfig
+from nmt.data.batching import collate
+from nmt.data.tokenizer import BOS, EOS
+from nmt.training import TranslationModule, ramped_ema
 
 
 @pytest.mark.parametrize("steps", [100, 1000, 10000])
@@ -32,3 +35,33 @@ def test_ema_decay_caps_the_window():
             model.weight.fill_(t)
             averaged.update_parameters(model)
     assert 5 < 1000 - averaged.module.weight.item() < 15
+
+
+class NextPieceTable(nn.Module):
+    """A stand-in model whose logits at a target position depend only on the input piece
+    there: logits[b, t] = table[tgt_in[b, t]], shape (B, T, V)."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, src, src_mask, tgt_in):
+        return self.table[tgt_in]
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_loss_is_the_mean_over_real_target_pieces(smoothing):
+    """Each target piece (and EOS) is predicted from the piece before it (BOS first); padding
+    counts for nothing. A shifted target or counted padding would give another number."""
+    targets = [[5, 6, 7, 8], [9], [10, 11]]  # different lengths: the batch holds padding
+    batch = collate([(i, [4, 4], t) for i, t in enumerate(targets)])
+    model = NextPieceTable(vocab=12)
+    module = TranslationModule(model, None, OptimConfig(), DecodingConfig(), [], seed=0)
+    loss, tokens = module._loss(batch, smoothing)
+    terms = []
+    for target in targets:
+        for previous, wanted in zip([BOS] + target, target + [EOS]):
+            log_p = torch.log_softmax(model.table[previous], dim=-1)
+            terms.append((1 - smoothing) * -log_p[wanted] + smoothing * -log_p.mean())
+    assert tokens == sum(len(t) + 1 for t in targets) == len(terms)
+    torch.testing.assert_close(loss, torch.stack(terms).mean())

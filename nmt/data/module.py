@@ -65,6 +65,7 @@ class TranslationDataModule(L.LightningDataModule):
         # Validation keeps every pair, cut to what the model can embed (room for BOS/EOS).
         self.val_set = split_dataset(data, "val", truncate=max_positions - 1)
         self.sampler: TokenBatchSampler | None = None  # built once: the cuts never change
+        self.loader: ResumableLoader | None = None  # this epoch's
 
     def train_dataloader(self) -> DataLoader:
         if self.sampler is None:
@@ -73,9 +74,13 @@ class TranslationDataModule(L.LightningDataModule):
                 rank=self.trainer.global_rank, world_size=self.trainer.world_size,
             )
         self.sampler.set_epoch(self.trainer.current_epoch)  # called anew each epoch (see training)
-        workers = self.cfg.num_workers
-        return ResumableLoader(self.train_set, self.sampler, num_workers=workers,
-                               persistent_workers=False, pin_memory=torch.cuda.is_available())
+        self.loader = ResumableLoader(self.train_set, self.sampler, num_workers=self.cfg.num_workers,
+                                      pin_memory=torch.cuda.is_available())
+        return self.loader
+
+    def epoch_finished(self) -> bool:
+        """Whether training stopped at the end of an epoch (not inside one)."""
+        return self.loader is not None and self.loader.position >= len(self.loader)
 
     def val_dataloader(self) -> DataLoader:
         return decoding_loader(

@@ -1,0 +1,130 @@
+"""Exact resume anywhere: a run stopped inside an epoch (step budget, time budget, SIGKILL
+after a mid-epoch checkpoint) continues with the batches and dropout draws of an
+uninterrupted run and ends with bitwise the same weights. A run directory resumes only with
+the options that decide its trajectory unchanged."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nmt.cli import main
+
+from .conftest import REPO, tiny_train_args, write_corpus
+
+DROPOUT = ["model.dropout=0.3"]  # dropout draws must line up too
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    return folder, write_corpus(folder)
+
+
+def args(corpus, run_dir, *extra: str) -> list[str]:
+    folder, files = corpus
+    return tiny_train_args(files, run_dir, folder / "data", epochs=2) + DROPOUT + list(extra)
+
+
+def checkpoint(run_dir, name="last.ckpt") -> dict:
+    return torch.load(run_dir / name, map_location="cpu", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def straight(corpus, tmp_path_factory):
+    """Two epochs without interruption (4 batches each)."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    assert main(args(corpus, run_dir)) == 0
+    return checkpoint(run_dir)
+
+
+def assert_same_weights(run_dir, straight: dict) -> None:
+    resumed = checkpoint(run_dir)
+    assert resumed["global_step"] == straight["global_step"] == 8
+    for name, value in straight["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], value), name
+
+
+def loader_position(ckpt: dict) -> dict:
+    """Where the training loader stood when the checkpoint was written."""
+    return ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
+
+
+@pytest.mark.parametrize("budget", [2, 5])  # inside the first epoch; inside the second
+def test_step_budget_inside_an_epoch_then_continue(corpus, straight, tmp_path, budget):
+    assert main(args(corpus, tmp_path, f"trainer.max_steps={budget}")) == 0
+    cut = checkpoint(tmp_path)
+    assert cut["global_step"] == budget
+    assert loader_position(cut) == {"epoch": budget // 4, "position": budget % 4}
+    assert checkpoint(tmp_path, "best.ckpt")["global_step"] <= budget  # the tail was validated
+    assert main(args(corpus, tmp_path)) == 0  # the budget raised: same command without it
+    assert_same_weights(tmp_path, straight)
+
+
+def test_time_budget_then_continue(corpus, straight, tmp_path, monkeypatch):
+    """Steps slowed to 0.4 s each: a 1-second budget stops inside the first epoch."""
+    from nmt.training import TranslationModule
+
+    step = TranslationModule.training_step
+
+    def slow_step(self, batch, batch_idx):
+        time.sleep(0.4)
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(TranslationModule, "training_step", slow_step)
+    assert main(args(corpus, tmp_path, "trainer.max_time=00:00:00:01")) == 0
+    assert 0 < checkpoint(tmp_path)["global_step"] < 4
+    monkeypatch.undo()
+    assert main(args(corpus, tmp_path)) == 0
+    assert_same_weights(tmp_path, straight)
+
+
+SLOW_MAIN = """
+import sys, time
+from nmt.training import TranslationModule
+step = TranslationModule.training_step
+def slow_step(self, batch, batch_idx):
+    time.sleep(0.5)
+    return step(self, batch, batch_idx)
+TranslationModule.training_step = slow_step
+from nmt.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigkill_after_a_mid_epoch_checkpoint(corpus, straight, tmp_path):
+    """Validation (and checkpoints) every 3 batches; the process is killed once the first
+    checkpoint, after batch 3 of 4, exists; the same command then finishes the run."""
+    command = args(corpus, tmp_path, "trainer.val_check_interval=3")
+    # Same thread count as this process, so float reductions run in the same order.
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    process = subprocess.Popen([sys.executable, "-c", SLOW_MAIN, *command], cwd=REPO, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (tmp_path / "last.ckpt").exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL  # really killed, not finished
+    assert loader_position(checkpoint(tmp_path)) == {"epoch": 0, "position": 3}
+    assert main(command) == 0
+    assert_same_weights(tmp_path, straight)
+
+
+def test_resume_with_a_trajectory_option_changed_is_an_error(corpus, tmp_path, capsys):
+    assert main(args(corpus, tmp_path, "trainer.max_steps=1")) == 0
+    for change, key in [(["--seed", "4"], "seed"), (["optim.lr=0.002"], "optim.lr"),
+                        (["data.max_tokens=500"], "data.max_tokens"),
+                        (["trainer.accumulate_grad_batches=2"], "trainer.accumulate_grad_batches")]:
+        capsys.readouterr()
+        assert main(args(corpus, tmp_path) + change) == 1
+        err = capsys.readouterr().err
+        assert f"trained with {key}=" in err and err.count("\n") == 1, err
+    # Budgets, validation cadence and decoding may change.
+    assert main(args(corpus, tmp_path, "trainer.max_steps=2", "trainer.val_check_interval=1",
+                     "decoding.beam_size=2")) == 0
