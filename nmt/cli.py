@@ -136,10 +136,10 @@ def plot_attention(results, folder: str, layer: int, head: str) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from nmt.data.corpus import load_corpus
+    from nmt.engines import load_translator
     from nmt.metrics import score_corpus
-    from nmt.translator import Translator
 
-    translator = Translator.from_run_dir(args.checkpoint, args.device, args.weights)
+    translator = load_translator(args.checkpoint, args.engine, args.device, args.weights)
     corpus = load_corpus(translator.config.data)
     if args.split not in corpus:
         raise NMTError(f"split '{args.split}' not in the corpus; available: {', '.join(corpus)}")
@@ -242,13 +242,13 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
         p.add_argument("--alpha", type=float, default=None, help="GNMT length penalty")
         p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+        p.add_argument("--engine", default="torch",
+                       help="torch | ctranslate2 (--checkpoint: a folder from nmt export)")
         p.add_argument("--weights", help="checkpoint file in the run directory (or a path) "
                                          "instead of best.ckpt, e.g. averaged.ckpt")
     translate = sub.choices["translate"]
     translate.add_argument("--input", help="input file (default stdin)")
     translate.add_argument("--output", help="output file (default stdout)")
-    translate.add_argument("--engine", default="torch",
-                           help="torch | ctranslate2 (--checkpoint: a folder from nmt export)")
     translate.add_argument("--nbest", type=int, default=1)
     translate.add_argument("--plot-attention", metavar="DIR",
                            help="write a heatmap PNG of each sentence's attention to DIR")

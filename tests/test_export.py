@@ -3,6 +3,8 @@ int8 works, and runs CTranslate2 cannot execute get a one-line reason."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -96,6 +98,14 @@ def test_translate_cli_with_ctranslate2_engine(run, exported, tmp_path, capsys):
                      "--input", str(source), "--beam", "1"]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and outputs[1].count("\n") == 3
+
+
+def test_evaluate_with_ctranslate2_engine_scores_as_ours(run, exported):
+    bleu = []
+    for engine, model in (("torch", run), ("ctranslate2", exported)):
+        assert main(["evaluate", "--checkpoint", str(model), "--engine", engine, "--beam", "1"]) == 0
+        bleu.append(json.loads((model / "eval" / "test.beam1.json").read_text())["bleu"])
+    assert bleu[0] == bleu[1]
 
 
 def test_int8_export_translates(run, tmp_path, sources):
