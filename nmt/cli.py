@@ -62,6 +62,14 @@ def cmd_compare(args: argparse.Namespace, extra: list[str]) -> None:
     run_compare(cfg, args.preset, out, named_overrides(args) + dotted_overrides(extra))
 
 
+def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
+    from nmt.config import load_config
+    from nmt.data.prepare import prepare
+
+    config = load_config(args.config, named_overrides(args) + dotted_overrides(extra))
+    print(f"prepared corpus: {prepare(config.data)}")
+
+
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
     from nmt.config import load_config
     from nmt.training import train
@@ -202,6 +210,12 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
         config = load_config(args.config, named_overrides(args) + dotted_overrides(extra))
         summary = bench.bench_train(config, args.steps, args.warmup)
         print_table([{k: v for k, v in summary.items() if k != "bench"}])
+    elif args.what == "data":
+        from nmt.data.benchmark import bench_data
+
+        summary = bench_data(args.pairs, args.config, Path(args.dir), args.steps,
+                             dotted_overrides(extra))
+        print_table([{k: v for k, v in summary.items() if k != "bench"}])
     elif extra:
         raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
     elif args.what == "attention":
@@ -234,6 +248,12 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--src-lang")
     train.add_argument("--tgt-lang")
     train.add_argument("--seed", type=int)
+
+    prepare = sub.add_parser("prepare", help="check, tokenize and cache a corpus (train does it "
+                             "too when needed)", epilog="Any config key: --section.key VALUE.")
+    prepare.add_argument("--config", help="YAML config, e.g. configs/transformer.yaml")
+    for flag in ("train_lines", "src_lang", "tgt_lang"):
+        prepare.add_argument("--" + flag.replace("_", "-"), type=int if flag == "train_lines" else str)
 
     for name, help_text in (("translate", "translate lines from stdin or a file"),
                             ("evaluate", "BLEU and chrF of a run on a corpus split")):
@@ -305,6 +325,13 @@ def parser() -> argparse.ArgumentParser:
     bench_decode.add_argument("--limit", type=int, help="first N sentences only")
     bench_decode.add_argument("--engine", default="torch",
                               help="comma-separated: torch, ctranslate2 (the run exported in float32)")
+    bench_data = what.add_parser("data", help="prepare and training start-up on a synthetic "
+                                 "corpus of N pairs", epilog="Config keys: --section.key VALUE.")
+    bench_data.add_argument("--pairs", type=int, default=100_000)
+    bench_data.add_argument("--config", default="configs/transformer.yaml")
+    bench_data.add_argument("--steps", type=int, default=5, help="timed training steps")
+    bench_data.add_argument("--dir", default="results/bench_data",
+                            help="where the corpus and its prepared folder go")
     bench_attention = what.add_parser("attention", help="each scorer's cost as length grows")
     bench_attention.add_argument("--max-len", type=int, default=1024)
     bench_attention.add_argument("--batch", type=int, default=2)
@@ -321,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             cmd_train(args, extra)
+        elif args.command == "prepare":
+            cmd_prepare(args, extra)
         elif args.command == "bench":
             cmd_bench(args, extra)
         elif args.command == "compare":

@@ -1,4 +1,5 @@
-"""Training pieces that need no corpus: the weight EMA's averaging window, the loss."""
+"""Training pieces: the weight EMA's averaging window, the loss against a hand computation,
+and the WMT14 Transformer-base config on a tiny slice."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
+from nmt.cli import main
 from nmt.config import DecodingConfig, OptimConfig
 from nmt.data.batching import collate
 from nmt.data.tokenizer import BOS, EOS
 from nmt.training import TranslationModule, ramped_ema
+
+from .conftest import REPO, write_corpus
 
 
 @pytest.mark.parametrize("steps", [100, 1000, 10000])
@@ -65,3 +69,23 @@ def test_loss_is_the_mean_over_real_target_pieces(smoothing):
             terms.append((1 - smoothing) * -log_p[wanted] + smoothing * -log_p.mean())
     assert tokens == sum(len(t) + 1 for t in targets) == len(terms)
     torch.testing.assert_close(loss, torch.stack(terms).mean())
+
+
+def test_wmt14_base_config_trains_on_a_tiny_slice(tmp_path, capsys):
+    """configs/wmt14_ende_transformer_base.yaml, its sizes overridden down, on one CPU process:
+    every key is valid, the effective batch is printed and two steps train and checkpoint."""
+    files = write_corpus(tmp_path)
+    args = [
+        "train", "--config", str(REPO / "configs" / "wmt14_ende_transformer_base.yaml"),
+        "--run-dir", str(tmp_path / "run"), "data.hub_dataset=null",
+        f"data.train_files=[{','.join(files['train'])}]",
+        f"data.val_files=[{','.join(files['val'])}]", f"data.data_dir={tmp_path / 'data'}",
+        "data.vocab_size=100", "data.spm_sample=200", "data.max_tokens=600", "data.num_workers=1",
+        "model.d_model=32", "model.heads=2", "model.ff_dim=64", "model.encoder_layers=1",
+        "model.decoder_layers=1", "trainer.accelerator=cpu", "trainer.devices=1",
+        "trainer.strategy=auto", "trainer.max_steps=2",
+    ]
+    assert main(args) == 0
+    assert "effective batch: 1 processes (1 devices x 1 nodes) x 600 tokens" in capsys.readouterr().out
+    last = torch.load(tmp_path / "run" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert last["global_step"] == 2 and (tmp_path / "run" / "best.ckpt").is_file()

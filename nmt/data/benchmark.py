@@ -1,0 +1,154 @@
+"""``nmt bench data``: how the data path scales with the corpus.
+
+It writes a synthetic corpus of N pairs (Multi30k training pairs, cycled, with the words of
+each sentence shuffled, so SentencePiece and the lengths behave like real text), then measures,
+each stage in a fresh process:
+
+* prepare: wall time and peak RSS of ``nmt prepare``;
+* training start-up: seconds from process start to the first finished training step, and the
+  training process's RSS once batches flow;
+* throughput: the sampler (batches of one epoch per second), the loader (padded batches per
+  second) and, next to them, the model's training steps per second.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import resource
+import time
+from pathlib import Path
+
+import lightning as L
+
+from nmt.config import Config, DataConfig, load_config
+from nmt.data.corpus import local_files, read_pairs
+
+
+def synthetic_corpus(folder: Path, pairs: int, seed: int = 0) -> dict[str, list[str]]:
+    """Write train.{de,en} (``pairs`` lines) and val.{de,en} under ``folder``; returns
+    {split: [source path, target path]}."""
+    multi30k = local_files(DataConfig())
+    if multi30k is None:
+        raise SystemExit("nmt bench data needs data/multi30k (see README, Quickstart)")
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    files = {}
+    for split, size in (("train", pairs), ("val", None)):
+        src, tgt = [], []
+        for s, t in read_pairs(multi30k[split]):
+            src += s
+            tgt += t
+        out = [[], []]
+        for i in range(size or len(src)):
+            for side, lines in enumerate((src, tgt)):
+                words = lines[i % len(lines)].split()
+                rng.shuffle(words)
+                out[side].append(" ".join(words))
+        paths = [folder / f"{split}.de", folder / f"{split}.en"]
+        for path, lines in zip(paths, out):
+            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        files[split] = [str(p) for p in paths]
+    return files
+
+
+def _rss_mb() -> float:
+    """Resident memory of this process now (not its peak)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _prepare_stage(config: Config, results) -> None:
+    from nmt.data.prepare import prepare
+
+    start = time.perf_counter()
+    prepare(config.data)
+    results.put({"prepare_s": round(time.perf_counter() - start, 1),
+                 "prepare_peak_rss_mb": round(_peak_rss_mb())})
+
+
+class _FirstSteps(L.Callback):
+    """Wall-clock time of the first finished step, RSS and step rate after it."""
+
+    def __init__(self):
+        self.first = self.last = None
+        self.steps = 0
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        now = time.time()
+        if self.first is None:
+            self.first = now
+        else:
+            self.steps += 1
+        self.last = now
+
+
+def _train_stage(config: Config, steps: int, spawned_at: float, results) -> None:
+    from nmt.data.module import TranslationDataModule, prepare_data
+    from nmt.models import build_model
+    from nmt.training import TranslationModule
+
+    data = prepare_data(config.data)
+    model = build_model(config.model, len(data.tokenizer))
+    module = TranslationModule(model, data.tokenizer, config.optim, config.decoding, [], config.seed)
+    probe = _FirstSteps()
+    trainer = L.Trainer(max_steps=steps + 1, limit_val_batches=0, logger=False, devices=1,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[probe],
+                        accelerator=config.trainer.accelerator)
+    datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
+    trainer.fit(module, datamodule=datamodule)
+    rss = _rss_mb()  # batches have flowed: the loader and the model are both in memory
+    start = time.perf_counter()
+    sampler_batches = sum(1 for _ in datamodule.sampler)
+    sampler_s = time.perf_counter() - start
+    loader = datamodule.train_dataloader()
+    start, loaded = time.perf_counter(), 0
+    for _ in loader:
+        loaded += 1
+        if time.perf_counter() - start > 5:
+            break
+    results.put({
+        "first_step_s": round(probe.first - spawned_at, 1),
+        "train_rss_mb": round(rss),
+        "sampler_batches_per_s": round(sampler_batches / sampler_s),
+        "loader_batches_per_s": round(loaded / (time.perf_counter() - start), 1),
+        "model_steps_per_s": round(probe.steps / max(probe.last - probe.first, 1e-9), 2),
+        "train_batches_per_epoch": len(datamodule.sampler),
+    })
+
+
+def _in_fresh_process(target, *args) -> dict:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    process = context.Process(target=target, args=(*args, results))
+    process.start()
+    out = results.get()
+    process.join()
+    return out
+
+
+def bench_data(pairs: int, config_file: str, folder: Path, steps: int = 5,
+               overrides: list[str] = ()) -> dict:
+    """Generate the corpus, prepare it, start training on it; one dict of numbers."""
+    start = time.perf_counter()
+    files = synthetic_corpus(folder / "corpus", pairs)
+    generated = time.perf_counter() - start
+    config = load_config(config_file, [
+        f"data.train_files=[{','.join(files['train'])}]",
+        f"data.val_files=[{','.join(files['val'])}]",
+        f"data.data_dir={folder / 'data'}", "trainer.enable_progress_bar=false", *overrides,
+    ])
+    summary = {"bench": "data", "pairs": pairs, "config": config_file,
+               "generate_s": round(generated, 1)}
+    summary.update(_in_fresh_process(_prepare_stage, config))
+    summary.update(_in_fresh_process(_train_stage, config, steps, time.time()))
+    summary["loader_vs_model"] = round(summary["loader_batches_per_s"]
+                                       / max(summary["model_steps_per_s"], 1e-9), 1)
+    return summary
