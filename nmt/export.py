@@ -193,16 +193,26 @@ class CTranslate2Translator:
             return results
         sources = [self.tokenizer.pieces(ids[i]) + [EOS_PIECE] for i in todo]
         budgets = self._budgets(sources, dec.max_len_ratio)
-        found = self.engine.translate_batch(
-            sources, max_batch_size=self.config.data.eval_max_tokens, batch_type="tokens",
-            beam_size=beam_size, num_hypotheses=beam_size, length_penalty=0.0,
-            suppress_sequences=NEVER_EMITTED, max_decoding_length=max(budgets),
-            max_input_length=0, return_scores=True, return_attention=need_attn)
+        if need_attn and beam_size > 1:
+            # CTranslate2 4.8's batched beam search gives every sentence the first-step
+            # attention of one of them (later steps are right): decode each one alone.
+            found = [self._search([s], [b], beam_size, True)[0] for s, b in zip(sources, budgets)]
+        else:
+            found = self._search(sources, budgets, beam_size, need_attn)
         for line, source, budget, result in zip(todo, sources, budgets, found):
             hyps = [self._hypothesis(result, k, budget - 1, alpha, source, need_attn)
                     for k in range(len(result.hypotheses))]
             results[line] = sorted(hyps, key=lambda t: -t.score)[:nbest]
         return results
+
+    def _search(self, sources: list[list[str]], budgets: list[int], beam_size: int,
+                need_attn: bool) -> list:
+        """CTranslate2's search: all K finished hypotheses, raw log-probabilities."""
+        return self.engine.translate_batch(
+            sources, max_batch_size=self.config.data.eval_max_tokens, batch_type="tokens",
+            beam_size=beam_size, num_hypotheses=beam_size, length_penalty=0.0,
+            suppress_sequences=NEVER_EMITTED, max_decoding_length=max(budgets),
+            max_input_length=0, return_scores=True, return_attention=need_attn)
 
     def _budgets(self, sources: list[list[str]], ratio: float) -> list[int]:
         """Steps each sentence may take, EOS included, as ``search.max_output_lengths``."""

@@ -70,6 +70,16 @@ def test_float32_attention_matches_ours(run, exported, sources):
         torch.testing.assert_close(b.attention, attention_matrix(a.attention), atol=1e-4, rtol=1e-3)
 
 
+def test_beam_attention_belongs_to_each_sentence(run, exported, sources):
+    """With beam search too, a sentence's attention is its own: the first step (from BOS,
+    the same in every search) equals ours for sentences of different lengths decoded together."""
+    lines = sources[:6]
+    ours = Translator.from_run_dir(run, "cpu").translate(lines, 3, need_attn=True)
+    theirs = CTranslate2Translator(exported).translate(lines, 3, need_attn=True)
+    for (a, *_), (b, *_) in zip(ours, theirs):
+        torch.testing.assert_close(b.attention[0], attention_matrix(a.attention)[0], atol=1e-4, rtol=1e-3)
+
+
 def test_float32_log_probs_match_ours(run, exported, corpus):
     """Teacher-forced log-probabilities of the reference translations, token by token: the
     whole network (embeddings, positions, every layer, final norms, tied output layer)."""
