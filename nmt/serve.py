@@ -64,9 +64,10 @@ class Job:
 
 @dataclass
 class Rejected:
-    """A request that failed validation: its answer is a 400 with this message."""
+    """A request that failed validation (400), or whose decoding failed (500)."""
 
     message: str
+    status: int = 400
 
 
 def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Rejected:
@@ -84,6 +85,9 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
         return Rejected("'text' must be a list of strings")
     if not 1 <= len(texts) <= MAX_TEXTS:
         return Rejected(f"'text' must hold 1 to {MAX_TEXTS} strings, got {len(texts)}")
+    for number, text in enumerate(texts, start=1):
+        if not _is_unicode(text):
+            return Rejected(f"text {number} is not valid Unicode (a lone surrogate escape)")
     if type(beam) is not int or not 1 <= beam <= MAX_BEAM:  # bool is an int: excluded
         return Rejected(f"'beam' must be an integer from 1 to {MAX_BEAM}, got {json.dumps(beam)}")
     if not isinstance(attention, bool):
@@ -91,6 +95,15 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
     if model not in models:
         return Rejected(f"unknown model {model!r}; served: {', '.join(models)}")
     return Job(texts, beam, attention, model)
+
+
+def _is_unicode(text: str) -> bool:
+    """False for JSON's lone surrogates ("\\ud800"), which SentencePiece cannot take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def attention_view(translation) -> dict | None:
@@ -125,16 +138,28 @@ class TranslationAPI(litserve.LitAPI):
         for position, item in enumerate(items):
             if isinstance(item, Job):
                 groups.setdefault((item.model, item.beam, item.attention), []).append(position)
-        for (model, beam, attention), positions in groups.items():
+        for positions in groups.values():
             jobs = [items[p] for p in positions]
-            texts = [text for job in jobs for text in job.texts]
-            results = self.translators[model].translate(texts, beam, need_attn=attention)
-            start = 0
-            for position, job in zip(positions, jobs):
-                mine = [hyps[0] for hyps in results[start : start + len(job.texts)]]
-                outputs[position] = self._answer(job, mine)
-                start += len(job.texts)
+            for position, answer in zip(positions, self._translate_group(jobs)):
+                outputs[position] = answer
         return outputs
+
+    def _translate_group(self, jobs: list[Job]) -> list[dict | Rejected]:
+        """One ``translate`` call for jobs sharing model, beam and attention; its answers are
+        split back in job order. A failure fails these jobs only, not the whole batch."""
+        texts = [text for job in jobs for text in job.texts]
+        first = jobs[0]
+        try:
+            results = self.translators[first.model].translate(texts, first.beam,
+                                                              need_attn=first.attention)
+        except Exception as err:  # whatever it is, it must not fail the other requests
+            return [Rejected(f"translation failed: {type(err).__name__}: {err}".splitlines()[0], 500)
+                    for _ in jobs]
+        answers, start = [], 0
+        for job in jobs:
+            answers.append(self._answer(job, [hyps[0] for hyps in results[start : start + len(job.texts)]]))
+            start += len(job.texts)
+        return answers
 
     def unbatch(self, output: list) -> list:
         return output
@@ -159,7 +184,7 @@ class TranslationAPI(litserve.LitAPI):
 
     def encode_response(self, output: dict | Rejected) -> Response:
         if isinstance(output, Rejected):
-            return JSONResponse({"error": output.message}, status_code=400)
+            return JSONResponse({"error": output.message}, status_code=output.status)
         return JSONResponse(output)
 
 

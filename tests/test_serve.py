@@ -166,6 +166,7 @@ def test_attention_matrix_with_pieces(server, runs):
     (b'{"text": [', "not valid JSON"),
     (b"", "the body is empty"),
     (b'{"text": ["\xff\xfe"]}', "error parsing the body"),  # not UTF-8
+    (b'{"text": ["ok", "\\ud800"]}', "text 2 is not valid Unicode"),  # a lone surrogate
 ])
 def test_bad_request_gets_one_line_400(server, body, message):
     status, answer = request(server + "/translate", body)
