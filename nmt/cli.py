@@ -291,7 +291,7 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", required=True, help="run directory")
     export.add_argument("--format", default="ctranslate2", help="ctranslate2")
     export.add_argument("--quantization", default="float32", help="float32 | int8")
-    export.add_argument("--out", required=True, help="output directory (replaced if it exists)")
+    export.add_argument("--out", required=True, help="new directory (or an earlier export, replaced)")
 
     average = sub.add_parser("average", help="average the weights of a run's last checkpoints")
     average.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")

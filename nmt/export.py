@@ -133,9 +133,10 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     if not (run_dir / "config.yaml").is_file():
         raise NMTError(f"no config.yaml in {run_dir}: is it a training run directory?")
     check_exportable(load_config(run_dir / "config.yaml"))
+    if out.exists() and not (out / "model.bin").is_file():
+        # CTranslate2 replaces the output directory: only ever an earlier export.
+        raise NMTError(f"{out} exists and is not a CTranslate2 export: choose a new --out")
     translator = Translator.from_run_dir(run_dir, "cpu")
-    if out.resolve() == run_dir.resolve():
-        raise NMTError("--out must be a new directory, not the run directory")
     RunConverter(translator).convert(str(out), quantization=quantization, force=True)
     for name in BESIDE_THE_MODEL:
         shutil.copy(run_dir / name, out / name)

@@ -148,6 +148,15 @@ def test_bad_export_options(run, tmp_path, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+def test_export_never_replaces_a_directory_that_is_not_an_export(run, tmp_path, capsys):
+    keep = tmp_path / "precious"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    assert main(["export", "--checkpoint", str(run), "--out", str(keep)]) == 1
+    assert "is not a CTranslate2 export" in capsys.readouterr().err
+    assert (keep / "notes.txt").read_text() == "mine"
+
+
 def test_ctranslate2_engine_needs_an_export(run, capsys):
     assert main(["translate", "--checkpoint", str(run), "--engine", "ctranslate2"]) == 1
     assert "nmt export" in capsys.readouterr().err
