@@ -56,10 +56,10 @@ def cmd_compare(args: argparse.Namespace, extra: list[str]) -> None:
     from nmt.compare import load_compare_config, run_compare
 
     cfg = load_compare_config(args.config)
-    if args.seeds is not None:
-        cfg.seeds = args.seeds
-    out = Path(args.out or f"results/{cfg.name}")
-    run_compare(cfg, args.preset, out, named_overrides(args) + dotted_overrides(extra))
+    out = Path(args.out or f"study/{args.preset}")
+    runs = Path(args.runs or f"checkpoints/study/{args.preset}")
+    run_compare(cfg, args.preset, out, runs, named_overrides(args) + dotted_overrides(extra),
+                seeds=args.seeds, train=not args.tables_only)
 
 
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
@@ -301,9 +301,12 @@ def parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="the attention study: families x scorers x seeds",
                              epilog="Other config keys apply to every cell: --section.key VALUE.")
     compare.add_argument("--config", default="configs/compare.yaml")
-    compare.add_argument("--preset", default="quick", help="quick | full (see the config)")
-    compare.add_argument("--seeds", type=int, help="seeds per cell (error bars from 2 on)")
-    compare.add_argument("--out", help="output folder (default results/<name>)")
+    compare.add_argument("--preset", default="quick", help="quick | full | study (see the config)")
+    compare.add_argument("--seeds", type=int, help="seeds per cell in every group (default: the preset's)")
+    compare.add_argument("--out", help="records, tables and figures (default study/<preset>)")
+    compare.add_argument("--runs", help="the cells' run directories (default checkpoints/study/<preset>)")
+    compare.add_argument("--tables-only", action="store_true",
+                         help="train nothing: rebuild tables and figures from the records")
     compare.add_argument("--train-lines", type=int)
     compare.add_argument("--max-epochs", type=int)
     compare.add_argument("--src-lang")

@@ -32,18 +32,22 @@ def draw_attention(ax, weights: Tensor, src: list[str], tgt: list[str], title: s
     ax.set_title(title, fontsize=9, pad=40)
 
 
-def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[str], list[str]]],
+def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[str], list[str]] | None],
                         columns: int = 4) -> None:
-    """One figure with a heatmap per panel (title, weights (T, S), source, target pieces)."""
+    """One figure with a heatmap per panel (title, weights (T, S), source, target pieces);
+    a None panel leaves its place empty (to start a new row)."""
     rows = math.ceil(len(panels) / columns)
     columns = min(columns, len(panels))
-    longest = max(max(len(p[2]), len(p[3])) for p in panels)
+    longest = max(max(len(p[2]), len(p[3])) for p in panels if p is not None)
     size = max(3.0, 0.22 * longest + 1.5)
     fig, axes = plt.subplots(rows, columns, figsize=(size * columns, size * rows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    for ax, (title, weights, src, tgt) in zip(axes.flat, panels):
-        draw_attention(ax, weights, src, tgt, title)
+    for ax, panel in zip(axes.flat, panels):
+        if panel is None:
+            ax.axis("off")
+        else:
+            draw_attention(ax, panel[1], panel[2], panel[3], panel[0])
     fig.tight_layout()
     _save(fig, path)
 
@@ -83,6 +87,24 @@ def save_lines(path: str | Path, series: dict[str, tuple[list[float], list[float
     ax.set_title(title)
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def save_line_panels(path: str | Path, panels: list[tuple[str, dict[str, tuple[list, list]]]],
+                     xlabel: str, title: str, log_x: bool = False) -> None:
+    """Side-by-side panels (y label, {series: (xs, ys)}) sharing the x axis."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, (ylabel, series) in zip(axes[0], panels):
+        for name, (xs, ys) in series.items():
+            ax.plot(xs, ys, marker="o", label=name)
+        if log_x:
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
     fig.tight_layout()
     _save(fig, path)
 

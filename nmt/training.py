@@ -8,6 +8,7 @@ spm.model and logs/metrics.csv. Re-running the same command resumes from last.ck
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import shutil
@@ -45,7 +46,21 @@ def inverse_sqrt(warmup: int):
     return lambda step: min((step + 1) / warmup, (warmup / (step + 1)) ** 0.5)
 
 
-SCHEDULES = ("inverse_sqrt", "plateau", "constant")
+def warmup_cosine(warmup: int, total: int, floor: float):
+    """Linear warm-up, then half a cosine from the peak lr down to ``floor`` x peak at step
+    ``total`` (Loshchilov & Hutter 2017, one cycle): for a fixed number of updates, where
+    annealing to the end of the budget pays more than a schedule that never ends."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+SCHEDULES = ("inverse_sqrt", "cosine", "plateau", "constant")
 
 
 def ramped_ema(decay: float):
@@ -183,6 +198,10 @@ class TranslationModule(L.LightningModule):
         if optim.schedule == "inverse_sqrt":
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(optim.warmup_steps))
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        if optim.schedule == "cosine":
+            factor = warmup_cosine(optim.warmup_steps, self.trainer.max_steps, optim.min_lr / optim.lr)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, mode="max", factor=optim.plateau_factor,
             patience=optim.plateau_patience, min_lr=optim.min_lr,
@@ -316,6 +335,8 @@ def train(config: Config) -> Path:
     if config.optim.schedule not in SCHEDULES:
         raise NMTError(f"unknown schedule '{config.optim.schedule}'; choose one of: "
                        f"{', '.join(SCHEDULES)}")
+    if config.optim.schedule == "cosine" and config.trainer.max_steps <= 0:
+        raise NMTError("schedule cosine decays to the end of the budget: set trainer.max_steps")
     run_dir = run_dir_of(config)
     resume_from = _check_resumable(config, run_dir)
     L.seed_everything(config.seed, workers=True, verbose=False)

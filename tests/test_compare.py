@@ -1,105 +1,158 @@
-"""``nmt compare`` end to end on a tiny matrix: files, reuse of finished cells, significance
-from sacreBLEU; and the attention heatmap of known weights."""
+"""``nmt compare`` end to end on a tiny study: records, reuse by resolved configuration,
+presets kept apart, tables rebuilt from records alone, significance from sacreBLEU and scipy;
+and the attention heatmap of known weights."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 import yaml
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
+from scipy.stats import ttest_rel
 
 from nmt.cli import main
 from nmt.plots import attention_matrix, draw_attention
 
 from .conftest import REPO, write_corpus
 
+TINY_RNN = ["model.emb_dim=16", "model.hidden_size=32", "model.attention_dim=32"]
+TINY_TRANSFORMER = ["model.d_model=32", "model.heads=2", "model.ff_dim=64",
+                    "model.encoder_layers=1", "model.decoder_layers=1"]
+
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
+    """Two presets that differ in one option; preset "a" has 2 seeds and a variant group."""
     folder = tmp_path_factory.mktemp("compare")
     files = write_corpus(folder)
     common = [f"data.{split}_files=[{','.join(files[split])}]" for split in ("train", "val", "test")]
     common += [f"data.data_dir={folder / 'data'}", "data.vocab_size=100", "data.max_tokens=600",
                "trainer.max_epochs=1", "trainer.accelerator=cpu"]
+    overrides = {"all": common, "rnn": TINY_RNN, "transformer": TINY_TRANSFORMER}
     config = {
         "name": "tiny",
         "families": {"rnn": str(REPO / "configs/rnn_bahdanau.yaml"),
                      "transformer": str(REPO / "configs/transformer.yaml")},
-        "attentions": ["additive", "scaled_dot"],
+        "baselines": {"rnn": "additive", "transformer": "scaled_dot"},
         "beam": 3, "bootstrap_samples": 200, "plot_sentences": [0, 1],
-        "presets": {"tiny": {
-            "all": common,
-            "rnn": ["model.emb_dim=16", "model.hidden_size=32", "model.attention_dim=32"],
-            "transformer": ["model.d_model=32", "model.heads=2", "model.ff_dim=64",
-                            "model.encoder_layers=1", "model.decoder_layers=1"],
-        }},
+        "presets": {
+            "a": {"overrides": overrides, "groups": {
+                "main": {"seeds": 2, "attentions": {"rnn": ["additive", "dot"],
+                                                    "transformer": ["scaled_dot"]}},
+                "heads": {"attentions": {"transformer": ["scaled_dot", "symmetric"]},
+                          "variants": {"h1": {"transformer": ["model.heads=1"]}}}}},
+            "b": {"overrides": {**overrides, "all": [*common, "optim.lr=0.002"]}, "groups": {
+                "main": {"attentions": {"rnn": ["additive"]}}}},
+        },
     }
     path = folder / "compare.yaml"
-    path.write_text(yaml.safe_dump(config))
-    out = folder / "results"
-    argv = ["compare", "--config", str(path), "--preset", "tiny", "--out", str(out)]
-    assert main(argv) == 0
-    return argv, out, files
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    out = folder / "study"
+
+    def run(preset: str, *more: str) -> int:
+        return main(["compare", "--config", str(path), "--preset", preset, "--out",
+                     str(out / preset), "--runs", str(folder / "runs" / preset), *more])
+
+    assert run("a") == 0
+    return run, out, files, folder
 
 
-def test_compare_writes_every_output(study):
-    _, out, _ = study
-    for name in ("compare.md", "compare.json", "compare.csv", "bleu.png", "cost.png",
-                 "attention/test_0001.png", "attention/test_0002.png"):
-        assert (out / name).is_file(), name
-    rows = json.loads((out / "compare.json").read_text())
-    assert [(r["family"], r["attention"]) for r in rows] == [
-        ("rnn", "additive"), ("rnn", "scaled_dot"),
-        ("transformer", "additive"), ("transformer", "scaled_dot")]
-    for row in rows:
-        assert 0 <= row["bleu"] <= 100 and row["parameters"] > 0 and row["train_tok_per_s"] > 0
-        assert row["decode_sent_per_s"] > 0 and row["peak_rss_mb"] > 0
-        assert row["signature"].startswith("nrefs:1") and "lc" in row["signature_lc"]
-        is_baseline = row["attention"] == {"rnn": "additive", "transformer": "scaled_dot"}[row["family"]]
-        assert (row["p_vs_baseline"] is None) == is_baseline
-        if not is_baseline:
-            assert 0 < row["p_vs_baseline"] <= 1
-    table = (out / "compare.md").read_text()
-    assert "| rnn | scaled_dot |" in table and "baseline" in table
+def read_rows(out):
+    return {(r["group"], r["family"], r["attention"], r["variant"]): r
+            for r in json.loads((out / "compare.json").read_text())}
 
 
-def test_p_values_are_sacrebleus_paired_bootstrap(study):
-    _, out, _ = study
-    rows = {(r["family"], r["attention"]): r for r in json.loads((out / "compare.json").read_text())}
-    runs = out / "runs"
-    hyps = {name: json.loads((runs / name / "compare_decode.beam3.json").read_text())["hypotheses"]
-            for name in ("rnn_additive_seed1", "rnn_scaled_dot_seed1")}
-    refs = [line.rstrip("\n") for line in open(study[2]["test"][1], encoding="utf-8")]
-    test = PairedTest([("base", hyps["rnn_additive_seed1"]), ("dot", hyps["rnn_scaled_dot_seed1"])],
-                      {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=200)
-    _, results = test()
-    assert rows[("rnn", "scaled_dot")]["p_vs_baseline"] == round(results["BLEU"][1].p_value, 4)
+def test_compare_writes_records_tables_and_figures(study):
+    _, out, _, _ = study
+    a = out / "a"
+    for name in ("compare.md", "compare.json", "compare.csv", "figures/bleu.png",
+                 "figures/cross_test0001.png", "figures/cross_test0002.png",
+                 "figures/encoder_test0001.png"):
+        assert (a / name).is_file(), name
+    cells = sorted(p.name for p in (a / "cells").iterdir())
+    assert cells == sorted(["rnn_additive_seed1", "rnn_additive_seed2", "rnn_dot_seed1", "rnn_dot_seed2",
+                            "transformer_scaled_dot_seed1", "transformer_scaled_dot_seed2",
+                            "transformer_scaled_dot_h1_seed1", "transformer_symmetric_h1_seed1"])
+    record = json.loads((a / "cells" / "transformer_symmetric_h1_seed1" / "record.json").read_text())
+    assert record["cell"] == {"group": "heads", "family": "transformer", "attention": "symmetric",
+                              "variant": "h1", "seed": 1}
+    assert record["config"]["model"]["attention"] == "symmetric" and record["config"]["model"]["heads"] == 1
+    assert set(record["attention_stats"]) == {"encoder", "decoder", "cross"}
+    assert 0 <= record["attention_stats"]["cross"]["diagonal_mass"] <= 1
+    assert record["provenance"]["device"].startswith("CPU") and record["provenance"]["precision"]
+    picture = record["pictures"][0]
+    assert len(picture["cross"]) == len(picture["target"])
+    assert len(picture["cross"][0]) == len(picture["source"]) == len(picture["encoder"][0])
+    rows = read_rows(a)
+    dot = rows[("main", "rnn", "dot", "base")]
+    assert dot["seeds"] == 2 and len(dot["p_boot"]) == 2 and 0 < dot["p_seeds"] <= 1
+    assert rows[("main", "rnn", "additive", "base")]["is_baseline"]
+    assert rows[("heads", "transformer", "symmetric", "h1")]["d_k"] == 32
+    assert list(rows)[0][0] == "main"
+    table = (a / "compare.md").read_text()
+    assert "### main" in table and "### heads" in table and "| rnn | dot | base |" in table
 
 
-def test_finished_cells_are_reused_and_missing_ones_trained(study, capsys):
-    argv, out, _ = study
-    removed = out / "runs" / "transformer_additive_seed1"
-    kept = out / "runs" / "rnn_additive_seed1" / "train_stats.json"
-    stamp = kept.stat().st_mtime_ns
-    for path in sorted(removed.rglob("*"), reverse=True):
-        path.unlink() if path.is_file() else path.rmdir()
-    removed.rmdir()
+def test_significance_is_sacrebleus_bootstrap_and_a_paired_t_test(study):
+    _, out, files, _ = study
+    cells = out / "a" / "cells"
+
+    def hyps(name):
+        return (cells / name / "hyps.txt").read_text(encoding="utf-8").split("\n")[:-1]
+
+    def bleu(name):
+        return json.loads((cells / name / "record.json").read_text())["scores"]["bleu"]
+
+    refs = [line.rstrip("\n") for line in open(files["test"][1], encoding="utf-8")]
+    row = read_rows(out / "a")[("main", "rnn", "dot", "base")]
+    for seed in (1, 2):
+        test = PairedTest([("base", hyps(f"rnn_additive_seed{seed}")), ("dot", hyps(f"rnn_dot_seed{seed}"))],
+                          {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=200)
+        assert row["p_boot"][seed - 1] == round(test()[1]["BLEU"][1].p_value, 4)
+    a, b = [bleu(f"rnn_dot_seed{s}") for s in (1, 2)], [bleu(f"rnn_additive_seed{s}") for s in (1, 2)]
+    expected = 1.0 if a == b else round(float(ttest_rel(a, b).pvalue), 4)
+    assert row["p_seeds"] == expected
+
+
+def test_cells_are_reused_only_when_their_configuration_matches(study, capsys):
+    run, out, _, folder = study
     capsys.readouterr()
-    assert main(argv) == 0
+    assert run("a") == 0
+    assert capsys.readouterr().out.count("recorded already, reused") == 8
+    # A record whose key no longer matches is not reused (its run, under the right key, is).
+    stale = out / "a/cells/rnn_dot_seed2/record.json"
+    stale.write_text(json.dumps({**json.loads(stale.read_text()), "key": "0" * 12}))
+    assert run("a") == 0
     log = capsys.readouterr().out
-    assert log.count("trained already, reused") == 3
-    assert "transformer_additive_seed1: training" in log
-    assert kept.stat().st_mtime_ns == stamp
-    assert (removed / "train_stats.json").is_file()
+    assert log.count("recorded already, reused") == 7 and "rnn_dot_seed2: decoding" in log
+    # Preset b differs in one option: its cell is another cell, trained anew.
+    assert run("b") == 0
+    log = capsys.readouterr().out
+    assert "rnn_additive_seed1: training" in log and "reused" not in log
+    key_a = json.loads((out / "a/cells/rnn_additive_seed1/record.json").read_text())["key"]
+    key_b = json.loads((out / "b/cells/rnn_additive_seed1/record.json").read_text())["key"]
+    assert key_a != key_b
+    assert json.loads((out / "b/cells/rnn_additive_seed1/record.json").read_text())["config"]["optim"]["lr"] == 0.002
+
+
+def test_tables_rebuild_from_records_alone(study, capsys):
+    run, out, _, folder = study
+    before = read_rows(out / "a")
+    shutil.rmtree(folder / "runs" / "a")  # no checkpoints left
+    (out / "a" / "compare.json").unlink()
+    assert run("a", "--tables-only") == 0
+    assert read_rows(out / "a") == before
+    assert "training" not in capsys.readouterr().out
 
 
 def test_unknown_preset_is_an_error(study, capsys):
-    argv, _, _ = study
-    assert main([*argv[:-3], "nope", *argv[-2:]]) == 1
-    assert "unknown preset 'nope'; choose one of: tiny" in capsys.readouterr().err
+    run, _, _, _ = study
+    assert run("nope") == 1
+    assert "unknown preset 'nope'; choose one of: a, b" in capsys.readouterr().err
 
 
 def test_heatmap_of_known_alignment_has_shape_and_labels():

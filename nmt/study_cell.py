@@ -1,0 +1,114 @@
+"""One finished study cell -> its record: what the tables and pictures are rebuilt from.
+
+``<out>/cells/<cell>/record.json`` holds the cell's identity and resolved configuration,
+its test scores (beam search, sacreBLEU), its training totals, where and in what precision
+it was trained, the attention statistics of a teacher-forced pass over the test set
+(``nmt.attention_stats``), and the attention matrices of the plotted test sentences;
+``hyps.txt`` holds its test translations (for paired significance tests). No weights.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from sacrebleu.metrics import BLEU
+
+from nmt.attention_stats import attention_statistics, teacher_forced_weights
+from nmt.data.batching import PairDataset
+from nmt.data.corpus import load_corpus
+from nmt.data.module import decoding_loader
+from nmt.files import write_atomic
+from nmt.metrics import score_corpus
+from nmt.precision import cpu_model
+from nmt.translator import Translator
+
+RECORD = "record.json"
+HYPOTHESES = "hyps.txt"
+
+
+def read_record(folder: Path) -> dict | None:
+    """The cell's record, or None if it has none (yet)."""
+    path = folder / RECORD
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_hypotheses(folder: Path) -> list[str]:
+    return (folder / HYPOTHESES).read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
+                record_dir: Path) -> dict:
+    """Decode the test split, measure the attention, write the record and hypotheses."""
+    translator = Translator.from_run_dir(run_dir)
+    test = load_corpus(translator.config.data)["test"]
+    sources, references = list(test["src"]), list(test["tgt"])
+    start = time.perf_counter()
+    hyps = [h[0].text for h in translator.translate(sources, beam_size=cfg.beam)]
+    seconds = time.perf_counter() - start
+    record = {
+        "cell": asdict(cell), "name": cell.name, "preset": preset, "key": key,
+        "config": resolved,
+        "scores": {**score_corpus(hyps, references),
+                   "bleu_lc": round(BLEU(lowercase=True).corpus_score(hyps, [references]).score, 2),
+                   "beam": cfg.beam},
+        "train": json.loads((run_dir / "train_stats.json").read_text()),
+        "decode_sent_per_s": round(len(sources) / seconds, 1),
+        "provenance": provenance(run_dir),
+        "attention_stats": attention_statistics(translator.model, test_batches(translator, test)),
+        "pictures": pictures(translator, sources, cfg.plot_sentences, cfg.beam),
+    }
+    write_atomic(record_dir / HYPOTHESES, "".join(h + "\n" for h in hyps))
+    write_atomic(record_dir / RECORD, json.dumps(record) + "\n")  # last: the record marks done
+    return record
+
+
+def test_batches(translator: Translator, test) -> list:
+    """The test pairs as teacher-forcing batches (source and reference ids)."""
+    tokenizer, limit = translator.tokenizer, translator.model.max_positions - 2
+    src = [ids[:limit] for ids in tokenizer.encode(list(test["src"]))]
+    tgt = [ids[:limit] for ids in tokenizer.encode(list(test["tgt"]))]
+    return list(decoding_loader(PairDataset(src, tgt), translator.config.data.eval_max_tokens))
+
+
+def provenance(run_dir: Path) -> dict:
+    """Where the cell was trained: device, precision (as the run printed it), versions."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU: {cpu_model()}"
+    return {"device": device, "precision": _printed_precision(run_dir / "train.log"),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _printed_precision(log: Path) -> str | None:
+    """The "precision: ..." line that training printed (``nmt.precision``), if any."""
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("precision:")), None)
+
+
+def pictures(translator: Translator, sources: list[str], lines: list[int], beam: int) -> list[dict]:
+    """For each plotted test line: source and translation pieces, the last layer's
+    cross-attention (mean over heads) and, for a Transformer, the last encoder layer's
+    self-attention per head, rounded to 3 decimals."""
+    lines = [i for i in lines if i < len(sources)]
+    found = translator.translate([sources[i] for i in lines], beam_size=beam)
+    out = []
+    for line, hyps in zip(lines, found):
+        src_ids = translator.encode_lines([sources[line]])[0]
+        tgt_ids = [translator.tokenizer.sp.piece_to_id(p) for p in hyps[0].pieces]  # the beam's own
+        weights = teacher_forced_weights(translator.model, src_ids, tgt_ids)
+        picture = {"line": line,
+                   "source": translator.tokenizer.pieces(src_ids) + ["</s>"],
+                   "target": translator.tokenizer.pieces(tgt_ids) + ["</s>"],
+                   "cross": _rounded(weights["cross"][-1].mean(0))}  # (T, S)
+        if "encoder" in weights:
+            picture["encoder"] = _rounded(weights["encoder"][-1])  # (H, S, S)
+        out.append(picture)
+    return out
+
+
+def _rounded(tensor: torch.Tensor) -> list:
+    return (tensor.float() * 1000).round().div(1000).tolist()

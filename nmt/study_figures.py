@@ -1,0 +1,77 @@
+"""The study's pictures, drawn from cell records: BLEU per cell, the head-size sweep, and
+what each trained scorer attends to (cross-attention of every cell, the Transformer's
+encoder self-attention per head)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from nmt.plots import save_attention_grid, save_bar_chart, save_line_panels
+
+
+def draw_figures(cfg, records: dict, rows: list[dict], folder: Path) -> None:
+    main = [r for r in rows if r["group"] == rows[0]["group"]]
+    save_bar_chart(folder / "bleu.png", [f"{r['family']}/{r['attention']}" for r in main],
+                   [r["bleu"] for r in main], [r["bleu_std"] or 0.0 for r in main], "test BLEU",
+                   f"BLEU per cell ({main[0]['group']}: mean ± std over seeds)")
+    draw_head_size(rows, folder / "head_size.png")
+    seed1 = {c: r for c, r in records.items() if c.seed == 1 and c.group == rows[0]["group"]}
+    for i, line in enumerate(cfg.plot_sentences):
+        draw_cross(seed1, cfg, i, folder / f"cross_test{line + 1:04d}.png")
+        draw_encoder(seed1, i, folder / f"encoder_test{line + 1:04d}.png")
+
+
+def draw_head_size(rows: list[dict], path: Path) -> None:
+    """BLEU, cross-attention logit spread and entropy against d_k, per scorer: the sweep's
+    cells (one seed) and, at the configs' own d_k, the main group's cells (seed mean)."""
+    swept = {r["attention"] for r in rows if r["group"] == "head_size"}
+    if not swept:
+        return
+    main = rows[0]["group"]  # its base cells have the configs' own d_k
+    points = [r for r in rows if r["family"] == "transformer" and r["attention"] in swept
+              and (r["group"] == "head_size" or (r["group"], r["variant"]) == (main, "base"))]
+    panels = []
+    for key, label in (("bleu", "test BLEU"), ("cross_logit_std", "cross-attention logit std"),
+                       ("cross_entropy", "cross-attention entropy (nats)")):
+        series = {}
+        for attention in sorted(swept):
+            mine = sorted((r["d_k"], r[key]) for r in points if r["attention"] == attention
+                          and r.get(key) is not None)
+            series[attention] = ([d for d, _ in mine], [v for _, v in mine])
+        panels.append((label, series))
+    save_line_panels(path, panels, "head size d_k (d_model fixed, heads = d_model / d_k)",
+                     "Transformer: the head-size sweep", log_x=True)
+
+
+def draw_cross(records: dict, cfg, index: int, path: Path) -> None:
+    """Cross-attention of every seed-1 cell for one test sentence, one row per family."""
+    panels = []
+    columns = max(sum(1 for c in records if c.family == f) for f in cfg.families) or 1
+    for family in cfg.families:
+        mine = [(c, r) for c, r in records.items() if c.family == family]
+        for cell, record in mine:
+            picture = record["pictures"][index]
+            panels.append((f"{family} / {cell.attention}", torch.tensor(picture["cross"]),
+                           picture["source"], picture["target"]))
+        panels += [None] * ((-len(mine)) % columns)  # next family on a new row
+    if any(panels):
+        save_attention_grid(path, panels, columns=columns)
+
+
+def draw_encoder(records: dict, index: int, path: Path) -> None:
+    """The last encoder layer's self-attention of every seed-1 Transformer cell: one row per
+    scorer, one column per head, then the mean over heads."""
+    panels, heads = [], 0
+    for cell, record in records.items():
+        picture = record["pictures"][index]
+        if "encoder" not in picture:
+            continue
+        weights = torch.tensor(picture["encoder"])  # (H, S, S)
+        heads = max(heads, weights.size(0))
+        for h, matrix in enumerate(weights):
+            panels.append((f"{cell.attention} head {h}", matrix, picture["source"], picture["source"]))
+        panels.append((f"{cell.attention} mean", weights.mean(0), picture["source"], picture["source"]))
+    if panels:
+        save_attention_grid(path, panels, columns=heads + 1)

@@ -1,0 +1,173 @@
+"""The study's tables and charts, rebuilt from the committed cell records alone.
+
+Significance, three ways (the README says which is which):
+* ``BLEU`` is the mean ± sample standard deviation over seeds;
+* ``p boot`` is sacreBLEU's paired bootstrap resampling of the test sentences, one p-value per
+  seed, each against the same seed's baseline cell (same data order, same initial draw);
+* ``p seeds`` is a paired t-test across seeds of the cell's BLEU against the baseline's
+  (scipy's ``ttest_rel``): does the difference exceed seed-to-seed variation?
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
+from scipy.stats import ttest_rel
+
+from nmt.compare import Cell, CompareConfig, cell_key, cell_overrides, cells_of
+from nmt.config import load_config
+from nmt.data.corpus import load_corpus
+from nmt.files import write_atomic
+from nmt.study_cell import read_hypotheses, read_record
+from nmt.study_figures import draw_figures
+
+
+def current_records(cfg: CompareConfig, preset: str, out: Path) -> dict[Cell, dict]:
+    """Records of the preset's cells whose key still matches their resolved configuration."""
+    found = {}
+    for cell in cells_of(cfg, preset):
+        record = read_record(out / "cells" / cell.name)
+        if record is not None:
+            key, _ = cell_key(cfg.families[cell.family], cell_overrides(cfg, preset, cell, []))
+            if record["key"] == key:
+                record["hyps"] = read_hypotheses(out / "cells" / cell.name)
+                found[cell] = record
+    return found
+
+
+def paired_bootstrap(baseline: list[str], systems: dict[str, list[str]], refs: list[str],
+                     samples: int) -> dict[str, float]:
+    """p-value of each system's BLEU against the baseline (sacreBLEU's paired bootstrap)."""
+    if not systems:
+        return {}
+    named = [("baseline", baseline), *systems.items()]
+    test = PairedTest(named, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples, n_jobs=1)
+    _, results = test()
+    return {name: r.p_value for name, r in zip(results["System"][1:], results["BLEU"][1:])}
+
+
+def bootstrap_p_values(cfg: CompareConfig, records: dict[Cell, dict], refs: list[str]) -> dict[Cell, float]:
+    """Each non-baseline cell against the baseline cell of its group, variant and seed."""
+    p_values = {}
+    for base in [c for c in records if c.attention == cfg.baselines[c.family]]:
+        same = (base.group, base.family, base.variant, base.seed)
+        rivals = {c: r for c, r in records.items()
+                  if c != base and (c.group, c.family, c.variant, c.seed) == same}
+        found = paired_bootstrap(records[base]["hyps"], {c.name: r["hyps"] for c, r in rivals.items()},
+                                 refs, cfg.bootstrap_samples)
+        p_values.update({c: found[c.name] for c in rivals})
+    return p_values
+
+
+def _mean(values: list[float], digits: int = 2) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.fmean(values), digits) if values else None
+
+
+def summarise(cfg: CompareConfig, records: dict[Cell, dict], p_boot: dict[Cell, float]) -> list[dict]:
+    """One row per (group, family, attention, variant): means over its seeds."""
+    rows = []
+    for group, family, attention, variant in dict.fromkeys(
+            (c.group, c.family, c.attention, c.variant) for c in records):
+        mine = {c.seed: r for c, r in records.items() if (c.group, c.family, c.attention, c.variant)
+                == (group, family, attention, variant)}
+        base = {c.seed: r for c, r in records.items() if (c.group, c.family, c.variant) ==
+                (group, family, variant) and c.attention == cfg.baselines[family]}
+        bleus = [r["scores"]["bleu"] for r in mine.values()]
+        stats = [r["attention_stats"] for r in mine.values()]
+        model = next(iter(mine.values()))["config"]["model"]
+        row = {
+            "group": group, "family": family, "attention": attention, "variant": variant,
+            "d_k": model["d_model"] // model["heads"] if family == "transformer" else model["hidden_size"],
+            "seeds": len(bleus), "bleu": _mean(bleus),
+            "bleu_std": round(statistics.stdev(bleus), 2) if len(bleus) > 1 else None,
+            "chrf": _mean([r["scores"]["chrf"] for r in mine.values()]),
+            "is_baseline": attention == cfg.baselines[family],
+            "p_boot": [round(p_boot[c], 4) for c in sorted(p_boot, key=lambda c: c.seed) if
+                       (c.group, c.family, c.attention, c.variant) == (group, family, attention, variant)],
+            "p_seeds": seed_test(mine, base, attention == cfg.baselines[family]),
+            "parameters": next(iter(mine.values()))["train"]["parameters"],
+            "steps": next(iter(mine.values()))["train"]["steps"],
+            "decode_sent_per_s": _mean([r["decode_sent_per_s"] for r in mine.values()], 1),
+        }
+        for kind in ("cross", "encoder"):
+            for stat in ("logit_std", "entropy", "diagonal_mass"):
+                values = [s.get(kind, {}).get(stat) for s in stats]
+                if any(v is not None for v in values):
+                    row[f"{kind}_{stat}"] = _mean(values, 3)
+        rows.append(row)
+    return rows
+
+
+def seed_test(mine: dict[int, dict], base: dict[int, dict], is_baseline: bool) -> float | None:
+    """Paired t-test across the seeds both cells have (None below two seeds)."""
+    seeds = sorted(set(mine) & set(base))
+    if is_baseline or len(seeds) < 2:
+        return None
+    a = [mine[s]["scores"]["bleu"] for s in seeds]
+    b = [base[s]["scores"]["bleu"] for s in seeds]
+    if a == b:
+        return 1.0
+    return round(float(ttest_rel(a, b).pvalue), 4)
+
+
+COLUMNS = [("family", "family"), ("attention", "attention"), ("variant", "variant"),
+           ("d_k", "d_k"), ("seeds", "seeds"), ("BLEU", "bleu"), ("p boot (per seed)", "p_boot"),
+           ("p seeds", "p_seeds"), ("chrF", "chrf"), ("cross entropy", "cross_entropy"),
+           ("diagonal mass", "cross_diagonal_mass"), ("cross logit std", "cross_logit_std"),
+           ("enc. entropy", "encoder_entropy"), ("enc. logit std", "encoder_logit_std"),
+           ("params", "parameters"), ("steps", "steps")]
+
+
+def _cell_text(row: dict, key: str) -> str:
+    value = row.get(key)
+    if key == "bleu" and row["bleu_std"] is not None:
+        return f"{value} ± {row['bleu_std']}"
+    if key in ("p_boot", "p_seeds") and row["is_baseline"]:
+        return "baseline"
+    if key == "p_boot":
+        return " / ".join(str(p) for p in value) or "-"
+    return "-" if value is None else str(value)
+
+
+def markdown(rows: list[dict], signature: str) -> str:
+    """One table per group."""
+    lines = []
+    for group in dict.fromkeys(r["group"] for r in rows):
+        lines += [f"### {group}", "", "| " + " | ".join(t for t, _ in COLUMNS) + " |",
+                  "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(_cell_text(r, k) for _, k in COLUMNS) + " |"
+                  for r in rows if r["group"] == group]
+        lines.append("")
+    lines += [f"sacreBLEU `{signature}`, test2016, beam search. BLEU: mean ± std over seeds; "
+              "p boot: paired bootstrap per seed against the same seed's baseline; p seeds: "
+              "paired t-test across seeds against the baseline."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(cfg: CompareConfig, preset: str, out: Path) -> list[dict]:
+    """compare.{md,json,csv} and the figures of every recorded cell."""
+    records = current_records(cfg, preset, out)
+    if not records:
+        print("no recorded cells yet: nothing to table", flush=True)
+        return []
+    first = next(iter(records.values()))
+    data = load_config(cfg.families[next(iter(records)).family],
+                       cell_overrides(cfg, preset, next(iter(records)), [])).data
+    refs = list(load_corpus(data)["test"]["tgt"])
+    rows = summarise(cfg, records, bootstrap_p_values(cfg, records, refs))
+    table = markdown(rows, first["scores"]["bleu_signature"])
+    write_atomic(out / "compare.md", table)
+    write_atomic(out / "compare.json", json.dumps(rows, indent=1) + "\n")
+    with open(out / "compare.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+        writer.writeheader()
+        writer.writerows(rows)
+    draw_figures(cfg, records, rows, out / "figures")
+    print(table, flush=True)
+    return rows
