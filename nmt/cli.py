@@ -213,7 +213,7 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
     elif args.what == "data":
         from nmt.data.benchmark import bench_data
 
-        summary = bench_data(args.pairs, args.config, Path(args.dir), args.steps,
+        summary = bench_data(args.pairs, args.config, Path(args.dir), args.steps, args.join,
                              dotted_overrides(extra))
         print_table([{k: v for k, v in summary.items() if k != "bench"}])
     elif extra:
@@ -333,6 +333,8 @@ def parser() -> argparse.ArgumentParser:
     bench_data.add_argument("--pairs", type=int, default=100_000)
     bench_data.add_argument("--config", default="configs/transformer.yaml")
     bench_data.add_argument("--steps", type=int, default=5, help="timed training steps")
+    bench_data.add_argument("--join", type=int, default=1,
+                            help="Multi30k pairs per line (2: ~25 words a side, like WMT)")
     bench_data.add_argument("--dir", default="results/bench_data",
                             help="where the corpus and its prepared folder go")
     bench_attention = what.add_parser("attention", help="each scorer's cost as length grows")

@@ -33,7 +33,7 @@ class DataConfig:
     tgt_lang: str = "en"
     train_lines: int | None = None  # train on the first N lines only
     vocab_size: int = 8000  # joint SentencePiece vocabulary
-    spm_sample: int = 500_000  # SentencePiece trains on a random sample of this many pairs
+    spm_sample: int = 200_000  # SentencePiece trains on a random sample of this many pairs
     max_len: int = 100  # training pairs longer than this (pieces, either side) are dropped
     max_tokens: int = 4096  # token budget of a training batch (padded source + target)
     eval_max_tokens: int = 8000  # token budget of a decoding batch

@@ -332,3 +332,25 @@ def test_hub_translation_column_is_unpacked():
     assert pairs[0] == {"src": "Hello", "tgt": "Hallo"}
     columns = datasets.Dataset.from_dict({"en": ["a"], "de": ["b"], "image": [0]})
     assert _hub_pairs(columns, "de", "en", "bentrevett/multi30k")[0] == {"src": "b", "tgt": "a"}
+
+
+def test_prepare_command_and_a_bad_line(tmp_path, capsys):
+    from nmt.cli import main
+
+    from .conftest import REPO
+
+    files = write_corpus(tmp_path)
+    argv = ["prepare", "--config", str(REPO / "configs" / "transformer.yaml"),
+            f"data.train_files=[{','.join(files['train'])}]",
+            f"data.val_files=[{','.join(files['val'])}]",
+            f"data.data_dir={tmp_path / 'data'}", "data.vocab_size=100"]
+    assert main(argv) == 0
+    folder = Path(capsys.readouterr().out.split("prepared corpus: ")[1].strip())
+    assert (folder / "meta.json").is_file() and (folder / "train.de.ids").is_file()
+    lines = Path(files["val"][1]).read_text().split("\n")
+    lines[2] = lines[2].replace(" ", "\u2028", 1)
+    Path(files["val"][1]).write_text("\n".join(lines))
+    assert main(argv) == 1
+    err = capsys.readouterr().err  # "preparing <folder> ...", then the error
+    assert err.splitlines()[-1].startswith(f"error: {files['val'][1]}, line 3: U+2028 LINE SEP")
+    assert "Traceback" not in err

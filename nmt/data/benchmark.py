@@ -1,7 +1,8 @@
 """``nmt bench data``: how the data path scales with the corpus.
 
 It writes a synthetic corpus of N pairs (Multi30k training pairs, cycled, with the words of
-each sentence shuffled, so SentencePiece and the lengths behave like real text), then measures,
+each sentence shuffled, so SentencePiece and the lengths behave like real text; ``join`` K
+pairs per line give WMT-like lengths, ~25 words a side for K = 2), then measures,
 each stage in a fresh process:
 
 * prepare: wall time and peak RSS of ``nmt prepare``;
@@ -25,9 +26,9 @@ from nmt.config import Config, DataConfig, load_config
 from nmt.data.corpus import local_files, read_pairs
 
 
-def synthetic_corpus(folder: Path, pairs: int, seed: int = 0) -> dict[str, list[str]]:
-    """Write train.{de,en} (``pairs`` lines) and val.{de,en} under ``folder``; returns
-    {split: [source path, target path]}."""
+def synthetic_corpus(folder: Path, pairs: int, join: int = 1, seed: int = 0) -> dict[str, list[str]]:
+    """Write train.{de,en} (``pairs`` lines of ``join`` Multi30k pairs each) and val.{de,en}
+    under ``folder``; returns {split: [source path, target path]}."""
     multi30k = local_files(DataConfig())
     if multi30k is None:
         raise SystemExit("nmt bench data needs data/multi30k (see README, Quickstart)")
@@ -42,7 +43,7 @@ def synthetic_corpus(folder: Path, pairs: int, seed: int = 0) -> dict[str, list[
         out = [[], []]
         for i in range(size or len(src)):
             for side, lines in enumerate((src, tgt)):
-                words = lines[i % len(lines)].split()
+                words = " ".join(lines[(i * join + j) % len(lines)] for j in range(join)).split()
                 rng.shuffle(words)
                 out[side].append(" ".join(words))
         paths = [folder / f"{split}.de", folder / f"{split}.en"]
@@ -134,18 +135,18 @@ def _in_fresh_process(target, *args) -> dict:
     return out
 
 
-def bench_data(pairs: int, config_file: str, folder: Path, steps: int = 5,
+def bench_data(pairs: int, config_file: str, folder: Path, steps: int = 5, join: int = 1,
                overrides: list[str] = ()) -> dict:
     """Generate the corpus, prepare it, start training on it; one dict of numbers."""
     start = time.perf_counter()
-    files = synthetic_corpus(folder / "corpus", pairs)
+    files = synthetic_corpus(folder / "corpus", pairs, join)
     generated = time.perf_counter() - start
     config = load_config(config_file, [
         f"data.train_files=[{','.join(files['train'])}]",
         f"data.val_files=[{','.join(files['val'])}]",
         f"data.data_dir={folder / 'data'}", "trainer.enable_progress_bar=false", *overrides,
     ])
-    summary = {"bench": "data", "pairs": pairs, "config": config_file,
+    summary = {"bench": "data", "pairs": pairs, "join": join, "config": config_file,
                "generate_s": round(generated, 1)}
     summary.update(_in_fresh_process(_prepare_stage, config))
     summary.update(_in_fresh_process(_train_stage, config, steps, time.time()))

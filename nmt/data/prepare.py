@@ -65,19 +65,21 @@ def prepare(cfg: DataConfig) -> Path:
     if int(os.environ.get("LOCAL_RANK", "0")) > 0:
         return _wait_for(folder)
     print(f"preparing {folder} ...", file=sys.stderr, flush=True)
-    start = time.perf_counter()
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        _build(cfg, sources, tmp)
+        seconds = _build(cfg, sources, tmp)
         tmp.rename(folder)  # a prepared folder is complete or absent, never half-written
     except OSError:
         if not (folder / "meta.json").is_file():  # not another process finishing first
             raise
+        return folder
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"prepared in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    print(f"prepared in {sum(seconds.values()):.0f} s (" +
+          ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items()) + ")",
+          file=sys.stderr, flush=True)
     return folder
 
 
@@ -90,18 +92,31 @@ def _wait_for(folder: Path) -> Path:
     return folder
 
 
-def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> None:
+def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> dict[str, float]:
+    """Prepare into ``folder``; returns the seconds each stage took."""
+    clock = time.perf_counter()
+    seconds = {}
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        seconds[stage], clock = time.perf_counter() - clock, time.perf_counter()
+
     src, tgt = sample_pairs(sources["train"], cfg.spm_sample, cfg.train_lines)
+    lap("read and sample")
     tokenizer = train_tokenizer(src + tgt, folder / "spm.model", cfg.vocab_size)
+    del src, tgt
+    lap("SentencePiece")
     dtype = np.uint16 if len(tokenizer) <= 1 << 16 else np.int32
     pairs = {}
     for split, source in sources.items():
         limit = cfg.train_lines if split == "train" else None
-        pairs[split] = _encode_split(read_pairs(source, limit), tokenizer, dtype,
-                                     [folder / f"{split}.{cfg.src_lang}", folder / f"{split}.{cfg.tgt_lang}"])
+        stems = [folder / f"{split}.{cfg.src_lang}", folder / f"{split}.{cfg.tgt_lang}"]
+        pairs[split] = _encode_split(read_pairs(source, limit), tokenizer, dtype, stems)
+    lap("encode")
     meta = {"format": FORMAT, "dtype": np.dtype(dtype).name, "pairs": pairs,
             "vocab_size": len(tokenizer)}
     (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return seconds
 
 
 def sample_pairs(source: Source, size: int, limit: int | None) -> tuple[list[str], list[str]]:
