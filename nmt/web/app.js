@@ -33,6 +33,12 @@ async function translateWith(model, text, beam) {
   return answer;
 }
 
+// Weight 0 -> white, 1 -> dark blue, linearly (the colour of a weight is comparable across maps).
+function shade(w) {
+  const mix = (dark) => Math.round(255 - w * (255 - dark));
+  return `rgb(${mix(8)}, ${mix(48)}, ${mix(107)})`;
+}
+
 // Source pieces across the top (written upwards), target pieces down the left side.
 function drawHeatmap(canvas, view) {
   const ctx = canvas.getContext("2d");
@@ -45,8 +51,7 @@ function drawHeatmap(canvas, view) {
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   view.weights.forEach((row, t) => row.forEach((w, s) => {
-    const shade = Math.round(255 * (1 - w));
-    ctx.fillStyle = `rgb(${shade}, ${shade}, 255)`;
+    ctx.fillStyle = shade(w);
     ctx.fillRect(left + s * CELL, top + t * CELL, CELL - 1, CELL - 1);
   }));
   ctx.fillStyle = "#222";
