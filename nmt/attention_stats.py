@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.attention import Scorer
+from nmt.errors import NMTError
 
 DIAGONAL_BAND = 2.0  # source pieces either side of the diagonal
 KINDS = ("encoder", "decoder", "cross")
@@ -156,3 +157,24 @@ def teacher_forced_weights(model: nn.Module, src: list[int], tgt: list[int]) -> 
         else:  # Transformer: one call per layer
             out[kind] = torch.stack(calls)
     return out
+
+
+def translation_attention(translator, line: str, translation, kind: str) -> tuple[Tensor, list, list]:
+    """Attention of one kind for a translated line: weights (L, H, T, S), row and column labels.
+
+    ``cross`` is what the search recorded; ``encoder`` and ``decoder`` come from a
+    teacher-forced pass over the source and the translation's own pieces (Transformer only).
+    """
+    if kind == "cross":
+        weights = translation.attention  # (T, S) for the RNN, (T, L, H, S) for the Transformer
+        weights = weights[None, None] if weights.dim() == 2 else weights.permute(1, 2, 0, 3)
+        return weights, translation.pieces + ["</s>"], translation.source
+    src_ids = translator.encode_lines([line])[0]
+    tgt_ids = [translator.tokenizer.sp.piece_to_id(p) for p in translation.pieces]
+    weights = teacher_forced_weights(translator.model, src_ids, tgt_ids)
+    if kind not in weights:
+        raise NMTError(f"this model has no {kind} self-attention (only: {', '.join(weights)})")
+    if kind == "encoder":
+        source = translator.tokenizer.pieces(src_ids) + ["</s>"]
+        return weights[kind], source, source
+    return weights[kind], translation.pieces + ["</s>"], ["<s>"] + translation.pieces

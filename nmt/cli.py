@@ -108,7 +108,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
     need_attn = args.plot_attention is not None
     results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn)
     if need_attn:
-        plot_attention(results, args.plot_attention, args.attention_layer, args.attention_head)
+        plot_attention(translator, lines, results, args.plot_attention, args.attention_kind,
+                       args.attention_layer, args.attention_head)
     if args.nbest > 1:
         rows = moses_nbest(results)
     else:
@@ -120,25 +121,29 @@ def cmd_translate(args: argparse.Namespace) -> None:
         sys.stdout.write(output)
 
 
-def plot_attention(results, folder: str, layer: int, head: str) -> None:
-    """One heatmap PNG per input line (its best translation): <folder>/<line number>.png."""
-    from nmt.plots import attention_matrix, save_attention_grid
+def plot_attention(translator, lines: list[str], results, folder: str, kind: str, layer: int,
+                   head: str) -> None:
+    """One heatmap PNG per input line (its best translation): <folder>/<line number>.png,
+    of the cross-attention or (Transformer) the encoder or decoder self-attention."""
+    from nmt.attention_stats import translation_attention
+    from nmt.plots import save_attention_grid
 
     if head not in ("mean", "all") and not head.isdigit():
         raise NMTError(f"--attention-head must be mean, all or a head number, got '{head}'")
-    for number, hyps in enumerate(results, start=1):
+    if kind != "cross" and not hasattr(translator, "model"):
+        raise NMTError(f"--attention-kind {kind} needs the torch engine")
+    for number, (line, hyps) in enumerate(zip(lines, results), start=1):
         best = hyps[0]
         if best.attention is None:  # empty input line: nothing to draw
             continue
-        target = best.pieces + ["</s>"]
-        heads = range(best.attention.size(2)) if head == "all" and best.attention.dim() == 4 \
-            else [None if head in ("mean", "all") else int(head)]
-        try:
-            panels = [(f"line {number}" + ("" if h is None else f", head {h}"),
-                       attention_matrix(best.attention, layer, h), best.source, target)
-                      for h in heads]
-        except IndexError:
-            raise NMTError(f"no attention layer {layer} / head {head} in this model") from None
+        weights, rows, columns = translation_attention(translator, line, best, kind)  # (L, H, T, S)
+        if not -weights.size(0) <= layer < weights.size(0) or (
+                head.isdigit() and int(head) >= weights.size(1)):
+            raise NMTError(f"no {kind} attention layer {layer} / head {head} in this model")
+        per_head = weights[layer]  # (H, T, S)
+        heads = range(per_head.size(0)) if head == "all" else [None if head == "mean" else int(head)]
+        panels = [(f"line {number}, {kind}" + ("" if h is None else f", head {h}"),
+                   per_head.mean(0) if h is None else per_head[h], columns, rows) for h in heads]
         save_attention_grid(Path(folder) / f"{number:04d}.png", panels)
 
 
@@ -272,8 +277,10 @@ def parser() -> argparse.ArgumentParser:
     translate.add_argument("--nbest", type=int, default=1)
     translate.add_argument("--plot-attention", metavar="DIR",
                            help="write a heatmap PNG of each sentence's attention to DIR")
+    translate.add_argument("--attention-kind", default="cross", choices=("cross", "encoder", "decoder"),
+                           help="cross-attention, or the Transformer's encoder or decoder self-attention")
     translate.add_argument("--attention-layer", type=int, default=-1,
-                           help="Transformer: which decoder layer's cross-attention (default last)")
+                           help="Transformer: which layer (default last)")
     translate.add_argument("--attention-head", default="mean",
                            help="Transformer: mean over heads, a head number, or all (one panel each)")
     sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")

@@ -1,0 +1,109 @@
+"""What attention looks at: the recorder's statistics against hand computations, weights of
+every kind from a teacher-forced pass, and the self-attention pictures of ``translate``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from nmt import plots
+from nmt.attention import Scorer, build_scorer
+from nmt.attention_stats import AttentionRecorder, teacher_forced_weights, translation_attention
+from nmt.cli import main
+from nmt.data.tokenizer import Tokenizer
+from nmt.errors import NMTError
+from nmt.translator import Translator
+
+from .conftest import tiny_model
+from .test_cli import corpus, run  # noqa: F401  (module-scoped fixtures: a tiny trained run)
+
+
+class OneCrossAttention(nn.Module):
+    """A model whose only attention is one dot scorer called "scorer" (a cross-attention)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scorer = build_scorer("dot", 2, 2, 2)
+
+    def forward(self, query, keys, mask):
+        return self.scorer.attend(query, keys, keys, mask)
+
+
+def test_recorder_statistics_match_a_hand_computation():
+    model = OneCrossAttention()
+    keys = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]])  # (B=1, S=3, 2)
+    query = torch.tensor([[[2.0, 0.0], [0.0, 0.0]]])  # (1, T=2, 2): rows 0 and 1, row 1 is pad
+    mask = torch.tensor([[[True, True, False]]])  # the third key is padding
+    with AttentionRecorder(model) as recorder:
+        recorder.start_batch(torch.ones(1, 3, dtype=torch.bool), torch.tensor([[True, False]]))
+        model(query, keys, mask)
+    # Row 0: logits (2, 0) over the two real keys -> std 1, weights softmax(2, 0).
+    p = torch.softmax(torch.tensor([2.0, 0.0]), 0)
+    entropy = float(-(p * p.log()).sum())
+    # Diagonal of row 0 of T=1 real target over S=2 real keys: centre 0.5, both within the band.
+    stats = recorder.stats()
+    assert stats == {"cross": {"logit_std": 1.0, "entropy": round(entropy, 4), "diagonal_mass": 1.0}}
+    assert "attend" not in vars(model.scorer)  # the scorer's own method is back
+
+
+def test_every_scorer_is_seen_and_released():
+    model = tiny_model("transformer", "additive")
+    scorers = [m for m in model.modules() if isinstance(m, Scorer)]
+    with AttentionRecorder(model) as recorder:
+        assert all("attend" in vars(s) for s in scorers)
+        assert sorted({kind for kind, _ in recorder.scorers}) == ["cross", "decoder", "encoder"]
+    assert not any("attend" in vars(s) for s in scorers)
+
+
+@pytest.mark.parametrize("family", ["rnn", "transformer"])
+def test_teacher_forced_weights_shapes_and_causality(family):
+    model = tiny_model(family, "scaled_dot")
+    weights = teacher_forced_weights(model, [5, 6, 7, 8], [9, 10])  # S = 5, T = 3 with EOS
+    layers, heads = (1, 1) if family == "rnn" else (2, 4)
+    assert weights["cross"].shape == (layers, heads, 3, 5)
+    torch.testing.assert_close(weights["cross"].sum(-1), torch.ones(layers, heads, 3))
+    if family == "rnn":
+        assert set(weights) == {"cross"}
+    else:
+        assert weights["encoder"].shape == (2, 4, 5, 5)
+        assert weights["decoder"].shape == (2, 4, 3, 3)
+        assert torch.all(weights["decoder"].triu(1) == 0)  # no peeking at later positions
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_self_attention_pictures_have_shape_and_labels(run, tmp_path, monkeypatch, kind):  # noqa: F811
+    drawn = []
+    monkeypatch.setattr(plots, "save_attention_grid", lambda path, panels, **_: drawn.append((path, panels)))
+    source = tmp_path / "in.txt"
+    source.write_text("haus mann katze\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(run), "--input", str(source),
+                 "--plot-attention", str(tmp_path / "pics"), "--attention-kind", kind,
+                 "--attention-head", "all", "--beam", "1"]) == 0
+    (path, panels), = drawn
+    assert path.name == "0001.png" and len(panels) == 2  # the tiny run has 2 heads
+    translator = Translator.from_run_dir(run)
+    best = translator.translate(["haus mann katze"], 1)[0][0]
+    source_pieces = translator.tokenizer.pieces(translator.encode_lines(["haus mann katze"])[0]) + ["</s>"]
+    for title, weights, columns, rows in panels:
+        assert kind in title
+        if kind == "encoder":
+            assert columns == rows == source_pieces
+        else:
+            assert rows == best.pieces + ["</s>"] and columns == ["<s>"] + best.pieces
+            assert torch.all(weights.triu(1) == 0)
+        assert weights.shape == (len(rows), len(columns))
+        torch.testing.assert_close(weights.sum(-1), torch.ones(len(rows)))
+
+
+def test_rnn_has_no_self_attention_to_draw(run):  # noqa: F811
+    trained = Translator.from_run_dir(run)
+    rnn = tiny_model("rnn", "additive", vocab=len(trained.tokenizer))
+    translator = Translator(rnn, Tokenizer(run / "spm.model"), trained.config)
+    best = translator.translate(["haus mann"], 2, need_attn=True)[0][0]
+    assert translation_attention(translator, "haus mann", best, "cross")[0].shape[:2] == (1, 1)
+    with pytest.raises(NMTError, match="no encoder self-attention"):
+        translation_attention(translator, "haus mann", best, "encoder")
+    assert math.isfinite(best.score)
