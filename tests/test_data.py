@@ -354,3 +354,12 @@ def test_prepare_command_and_a_bad_line(tmp_path, capsys):
     err = capsys.readouterr().err  # "preparing <folder> ...", then the error
     assert err.splitlines()[-1].startswith(f"error: {files['val'][1]}, line 3: U+2028 LINE SEP")
     assert "Traceback" not in err
+
+
+def test_empty_training_corpus_is_a_clear_error(tmp_path):
+    for name in ("a", "b", "c", "d"):
+        (tmp_path / name).write_text("" if name in "ab" else "x\n")
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), train_files=[str(tmp_path / "a"),
+                     str(tmp_path / "b")], val_files=[str(tmp_path / "c"), str(tmp_path / "d")])
+    with pytest.raises(NMTError, match="SentencePiece training failed"):
+        prepare(cfg)

@@ -47,18 +47,26 @@ def train_tokenizer(texts, path: Path, vocab_size: int) -> Tokenizer:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         prefix = os.path.join(tmp, "spm")
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts),
-            model_prefix=prefix,
-            vocab_size=vocab_size,
-            hard_vocab_limit=False,  # a small corpus gets a smaller vocabulary, not an error
-            character_coverage=1.0,
-            pad_id=PAD,
-            unk_id=UNK,
-            bos_id=BOS,
-            eos_id=EOS,
-            num_threads=os.cpu_count() or 1,
-            minloglevel=2,
-        )
+        try:
+            _train(texts, prefix, vocab_size)
+        except RuntimeError as err:  # e.g. no training text at all
+            raise NMTError(f"SentencePiece training failed: {str(err).splitlines()[0]}") from None
         os.replace(prefix + ".model", path)
     return Tokenizer(path)
+
+
+def _train(texts, prefix: str, vocab_size: int) -> None:
+    """SentencePiece unigram training; writes ``<prefix>.model``."""
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=prefix,
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,  # a small corpus gets a smaller vocabulary, not an error
+        character_coverage=1.0,
+        pad_id=PAD,
+        unk_id=UNK,
+        bos_id=BOS,
+        eos_id=EOS,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+    )
