@@ -96,68 +96,116 @@ def beam_search(
     need_attn: bool = False,
 ) -> list[list[Hypothesis]]:
     """Batched beam search: (B, S) -> for each sentence its ``nbest`` best hypotheses."""
-    batch, k = src.size(0), beam_size
-    device = src.device
-    # Every sentence's memory, repeated K times: row b * K + j is beam j of sentence b.
-    expand = torch.arange(batch, device=device).repeat_interleave(k)
-    memory = select_rows(model.encode(src, src_mask), expand)
+    k, device = beam_size, src.device
+    memory = model.encode(src, src_mask)  # one row per sentence until the first step is done
     state = model.init_state(memory)
     max_lens = max_output_lengths(src_mask, max_len_ratio, model.max_positions)
-    alive = torch.arange(batch, device=device)  # original index of each sentence in the batch
-    prefix = torch.full((batch * k, 1), BOS, dtype=torch.long, device=device)
-    attn_rows = [] if need_attn else None  # per step: (n * K, ..., S)
-    # Only beam 0 is live at the start, so the K beams do not all pick the same first token.
-    scores = torch.full((batch, k), float("-inf"), device=device)
-    scores[:, 0] = 0.0
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    finished = Finished(max_lens, k, nbest, alpha)
+    alive = torch.arange(src.size(0), device=device)  # original index of each sentence
+    # Row i * width + j is beam j of alive sentence i. The first step has one beam per
+    # sentence (BOS): running K copies of it would only repeat the same work.
+    width = 1
+    prefix = torch.full((src.size(0), 1), BOS, dtype=torch.long, device=device)
+    scores = torch.zeros(src.size(0), 1, device=device)  # (n, width) log-probabilities
+    attn_rows = [] if need_attn else None  # per step: (n * width, ..., S)
 
     for step in range(int(max_lens.max())):
         log_probs, state, attn = model.decode_step(prefix[:, -1], state, memory, need_attn)
-        vocab = log_probs.size(-1)
-        log_probs = log_probs.view(len(alive), k, vocab)
-        restrict(log_probs, step >= max_lens[alive] - 1)
-        candidates = (scores.unsqueeze(-1) + log_probs).view(len(alive), k * vocab)
-        top_scores, top_ids = candidates.topk(2 * k, dim=-1)  # (n, 2K)
-        beam, token = top_ids // vocab, top_ids % vocab
-        source_rows = (torch.arange(len(alive), device=device).unsqueeze(1) * k + beam)  # (n, 2K)
+        log_probs = restrict(log_probs.view(len(alive), width, -1), step >= max_lens[alive] - 1)
+        top_scores, source_rows, token = top_candidates(log_probs, scores, k)  # (n, C) each
         if need_attn:
             attn_rows.append(attn)
-
-        _finish(finished, alive, token, top_scores, source_rows, prefix, attn_rows, k, alpha)
-        done = torch.tensor([len(finished[b]) >= k for b in alive.tolist()], device=device)
+        finished.add(alive, token, top_scores, source_rows, prefix, attn_rows)
 
         # Continue with the best K candidates that did not end, in sentences not done.
-        rank = torch.where(token == EOS, 2 * k, 0) + torch.arange(2 * k, device=device)
+        rank = torch.where(token == EOS, token.size(1), 0) + torch.arange(token.size(1), device=device)
         keep = rank.argsort(dim=-1)[:, :k]  # (n, K) positions of the best K non-EOS
-        keep = keep[~done]
-        n_left = keep.size(0)
-        if n_left == 0:
+        next_scores = top_scores.gather(1, keep)
+        left = (~finished.done(alive, next_scores)).nonzero().squeeze(1)
+        if len(left) == 0:
             break
-        left = (~done).nonzero().squeeze(1)
+        keep = keep[left]
         rows = source_rows[left].gather(1, keep).view(-1)  # (n_left * K,) rows to carry on
-        scores = top_scores[left].gather(1, keep)
-        new_tokens = token[left].gather(1, keep).view(-1, 1)
-        prefix = torch.cat([prefix[rows], new_tokens], dim=1)
+        prefix = torch.cat([prefix[rows], token[left].gather(1, keep).view(-1, 1)], dim=1)
         if need_attn:
             attn_rows = [a[rows] for a in attn_rows]
         # Rows of the survivors, among all current rows: drops done sentences, reorders beams.
         state = select_rows(state, rows)
-        if len(left) < len(alive):  # the K beams of a sentence share one memory: only drop
-            memory = select_rows(memory, (left.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1))
-        alive = alive[left]
-    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+        if width != k or len(left) < len(alive):  # the beams of a sentence share its memory
+            memory = select_rows(memory, (left * width).repeat_interleave(k))
+        scores, alive, width = next_scores[left], alive[left], k
+    return finished.best()
 
 
-def _finish(finished, alive, token, top_scores, source_rows, prefix, attn_rows, k, alpha):
-    """Move candidates ending in EOS among each sentence's top K to its finished list."""
-    ends = (token[:, :k] == EOS).nonzero().tolist()
-    for sentence, position in ends:
-        b = alive[sentence].item()
-        if len(finished[b]) >= k:
-            continue
-        row = source_rows[sentence, position].item()
-        tokens = prefix[row, 1:].tolist()
-        log_prob = top_scores[sentence, position].item()
-        attention = torch.stack([a[row] for a in attn_rows]) if attn_rows is not None else None
-        finished[b].append(Hypothesis(tokens, log_prob, length_penalty(len(tokens) + 1, alpha),
-                                      attention))
+def top_candidates(log_probs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The best min(2K, W * V) continuations of each sentence's W hypotheses.
+
+    log_probs (n, W, V) of the next token, scores (n, W) of the hypotheses -> scores (n, C),
+    the rows they continue among the n * W current rows (n, C), and their tokens (n, C).
+    ``log_probs`` is overwritten (it is the step's own tensor: no (n, W, V) copy).
+    """
+    n, width, vocab = log_probs.shape
+    candidates = log_probs.add_(scores.unsqueeze(-1)).view(n, width * vocab)
+    top_scores, top_ids = candidates.topk(min(2 * k, width * vocab), dim=-1)
+    beam, token = top_ids // vocab, top_ids % vocab
+    rows = torch.arange(n, device=log_probs.device).unsqueeze(1) * width + beam
+    return top_scores, rows, token
+
+
+class Finished:
+    """Each sentence's finished hypotheses: at most K, the first K to end, as fairseq keeps.
+
+    A sentence is done when it has K of them, or earlier when no live hypothesis can still
+    enter its ``nbest`` best: a live hypothesis of log-probability s can only lose
+    probability, and its length penalty is at most that of the longest output allowed, so
+    its final score is at most s / lp(max length) (for alpha >= 0). Stopping there returns
+    the same ``nbest`` hypotheses as waiting for K.
+    """
+
+    def __init__(self, max_lens: Tensor, k: int, nbest: int, alpha: float):
+        self.k, self.nbest, self.alpha = k, nbest, alpha
+        self.hyps: list[list[Hypothesis]] = [[] for _ in range(len(max_lens))]
+        # The best score a live hypothesis could still reach is s / this (float64, and the
+        # penalty computed as for the finished ones, so equal scores compare equal).
+        penalties = [length_penalty(int(n), alpha) for n in max_lens.tolist()]
+        self.max_penalty = torch.tensor(penalties, dtype=torch.float64, device=max_lens.device)
+        self.count = torch.zeros(len(max_lens), dtype=torch.long, device=max_lens.device)
+        self.nth_best = torch.full((len(max_lens),), float("-inf"), dtype=torch.float64,
+                                   device=max_lens.device)
+
+    def add(self, alive, token, top_scores, source_rows, prefix, attn_rows) -> None:
+        """Move candidates ending in EOS among each sentence's top K to its list: tokens,
+        top_scores, source_rows (n, C) from ``top_candidates``; prefix (n * W, t)."""
+        sentence, position = (token[:, : self.k] == EOS).nonzero().unbind(1)
+        if len(sentence) == 0:
+            return
+        rows = source_rows[sentence, position]
+        owners = alive[sentence].tolist()
+        for b, row, tokens, log_prob in zip(owners, rows.tolist(), prefix[rows, 1:].tolist(),
+                                            top_scores[sentence, position].tolist()):
+            if len(self.hyps[b]) >= self.k:
+                continue
+            attention = torch.stack([a[row] for a in attn_rows]) if attn_rows is not None else None
+            penalty = length_penalty(len(tokens) + 1, self.alpha)
+            self.hyps[b].append(Hypothesis(tokens, log_prob, penalty, attention))
+        touched = sorted(set(owners))
+        self.count[touched] = torch.tensor([len(self.hyps[b]) for b in touched],
+                                           device=self.count.device)
+        if self.alpha >= 0:  # else the length penalty shrinks with length: no bound
+            self.nth_best[touched] = torch.tensor([self._nth_best(b) for b in touched],
+                                                  dtype=torch.float64, device=self.count.device)
+
+    def _nth_best(self, b: int) -> float:
+        scores = sorted((h.score for h in self.hyps[b]), reverse=True)
+        return scores[self.nbest - 1] if len(scores) >= self.nbest else float("-inf")
+
+    def done(self, alive: Tensor, live_scores: Tensor) -> Tensor:
+        """(n,) whether each alive sentence is done, given its live hypotheses' log-probs
+        (n, K) for the next step."""
+        bound = live_scores.max(1).values.double() / self.max_penalty[alive]
+        count = self.count[alive]
+        return (count >= self.k) | ((count >= self.nbest) & (self.nth_best[alive] >= bound))
+
+    def best(self) -> list[list[Hypothesis]]:
+        """Each sentence's ``nbest`` best hypotheses, best first."""
+        return [sorted(hyps, key=lambda h: -h.score)[: self.nbest] for hyps in self.hyps]

@@ -4,15 +4,24 @@ incremental = full recompute, padding never changes a sentence's output."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 
 from nmt.data.batching import collate
 from nmt.data.tokenizer import BOS, EOS
-from nmt.search import beam_search, greedy_search, length_penalty
+from nmt.models.base import select_rows
+from nmt.search import (
+    Hypothesis,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    max_output_lengths,
+    restrict,
+)
 
-from .conftest import tiny_model
+from .conftest import reversal_batch, tiny_model
 
 CASES = [(family, attention) for family in ("rnn", "transformer")
          for attention in ("additive", "dot", "general", "scaled_dot")]
@@ -101,15 +110,14 @@ def test_beam_attention_rows_match_tokens(random_batch):
 
 
 class ScriptedModel(torch.nn.Module):
-    """A stand-in model whose next-token distribution depends only on the previous token.
-
-    After BOS: EOS 0.3, token 5 0.6, token 4 0.1. After any other token: token 5 almost
-    surely, EOS 1e-4, so a hypothesis that starts with a word runs into the length limit.
-    """
+    """A stand-in model whose next-token distribution depends only on the previous token:
+    ``after_bos`` after BOS, ``later`` after any other token ({token: probability})."""
 
     max_positions = 64
-    AFTER_BOS = {EOS: 0.3, 5: 0.6, 4: 0.1}
-    LATER = {EOS: 1e-4, 5: 1 - 1e-4}
+
+    def __init__(self, after_bos: dict[int, float], later: dict[int, float]):
+        super().__init__()
+        self.after_bos, self.later = after_bos, later
 
     def encode(self, src, src_mask):
         return {"mask": src_mask}
@@ -120,7 +128,7 @@ class ScriptedModel(torch.nn.Module):
     def decode_step(self, prev, state, memory, need_attn=False):
         probs = torch.zeros(prev.size(0), 6)
         for row, token in enumerate(prev.tolist()):
-            for word, p in (self.AFTER_BOS if token == BOS else self.LATER).items():
+            for word, p in (self.after_bos if token == BOS else self.later).items():
                 probs[row, word] = p
         return probs.log(), state, None
 
@@ -129,7 +137,9 @@ def test_a_hypothesis_cut_at_the_length_limit_pays_for_its_eos():
     """Source of 1 piece + EOS, ratio 1: at most 7 output pieces (6 words + a forced EOS).
     The forced EOS costs the model's log(1e-4), so the empty hypothesis (EOS first, log 0.3)
     wins; scoring the forced EOS 0 would have made '5 5 5 5 5 5' win with log 0.6."""
-    model, b = ScriptedModel(), collate([(0, [7], [7])])
+    # After a word, another word almost surely: a hypothesis that starts with one runs on.
+    model = ScriptedModel({EOS: 0.3, 5: 0.6, 4: 0.1}, {EOS: 1e-4, 5: 1 - 1e-4})
+    b = collate([(0, [7], [7])])
     cut = math.log(0.6) + 5 * math.log(1 - 1e-4) + math.log(1e-4)
     greedy = greedy_search(model, b.src, b.src_mask, max_len_ratio=1.0)[0]
     assert greedy.tokens == [5] * 6 and greedy.log_prob == pytest.approx(cut)
@@ -137,6 +147,17 @@ def test_a_hypothesis_cut_at_the_length_limit_pays_for_its_eos():
                        nbest=2)[0]
     assert [h.tokens for h in hyps] == [[], [5] * 6]
     assert [h.score for h in hyps] == pytest.approx([math.log(0.3), cut])
+
+
+def test_a_longer_hypothesis_that_overtakes_by_its_length_penalty_is_found():
+    """With alpha 1 the empty hypothesis (log 0.5, lp 1) ends first, but '5' (log 0.45 +
+    log 0.999, lp 7/6) scores higher: the search must not stop as if the live hypothesis
+    could not catch up, because its length penalty may still grow."""
+    model = ScriptedModel({EOS: 0.5, 5: 0.45, 4: 0.05}, {EOS: 0.999, 5: 0.001})
+    b = collate([(0, [7], [7])])
+    hyps = beam_search(model, b.src, b.src_mask, beam_size=2, alpha=1.0, nbest=1)[0]
+    assert [h.tokens for h in hyps] == [[5]]
+    assert hyps[0].score == pytest.approx((math.log(0.45) + math.log(0.999)) / (7 / 6))
 
 
 @pytest.mark.parametrize("family", ["rnn", "transformer"])
@@ -158,3 +179,71 @@ def test_hypothesis_log_prob_is_the_models_and_score_divides_it_by_the_penalty(f
             assert h.log_prob == pytest.approx(expected, abs=1e-4)
             assert h.penalty == pytest.approx(length_penalty(len(h.tokens) + 1, 0.6))
             assert h.score == pytest.approx(h.log_prob / h.penalty)
+
+
+def reference_beam_search(model, src, src_mask, k, alpha, max_len_ratio, nbest):
+    """The plainest beam search for one sentence (1, S): K beams over full vocabularies, the
+    best 2K candidates per step, the first K hypotheses to end kept; no shortcuts."""
+    memory = select_rows(model.encode(src, src_mask), torch.zeros(k, dtype=torch.long))
+    state = model.init_state(memory)
+    max_len = int(max_output_lengths(src_mask, max_len_ratio, model.max_positions))
+    beams = [([], 0.0)] + [([], float("-inf"))] * (k - 1)  # (tokens, log-prob)
+    finished = []
+    for step in range(max_len):
+        prev = torch.tensor([tokens[-1] if tokens else BOS for tokens, _ in beams])
+        log_probs, state, _ = model.decode_step(prev, state, memory)
+        restrict(log_probs, torch.full((k,), step >= max_len - 1))
+        total = torch.tensor([s for _, s in beams]).unsqueeze(1) + log_probs  # (K, V)
+        top, ids = total.view(-1).topk(2 * k)
+        candidates = [(int(i) // total.size(1), int(i) % total.size(1), float(s))
+                      for s, i in zip(top, ids)]
+        for beam, token, score in candidates[:k]:
+            if token == EOS and len(finished) < k:
+                tokens = beams[beam][0]
+                finished.append(Hypothesis(tokens, score, length_penalty(len(tokens) + 1, alpha)))
+        if len(finished) >= k:
+            break
+        going = [c for c in candidates if c[1] != EOS][:k]
+        state = select_rows(state, torch.tensor([beam for beam, _, _ in going]))
+        beams = [(beams[beam][0] + [token], score) for beam, token, score in going]
+    return sorted(finished, key=lambda h: -h.score)[:nbest]
+
+
+class MarkovModel(torch.nn.Module):
+    """A stand-in model whose next token depends on the previous one and on the sentence's
+    first source token, through random tables: peaked enough that hypotheses end at many
+    different lengths, so sentences are done early by the bound as well as by the count."""
+
+    max_positions = 64
+
+    def __init__(self, vocab: int = 20, sharpness: float = 2.0, seed: int = 0):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.transition = torch.randn(vocab, vocab, generator=generator) * sharpness
+        self.transition[:, EOS] += 1.0
+        self.source = torch.randn(vocab, vocab, generator=generator)
+
+    def encode(self, src, src_mask):
+        return {"bias": self.source[src[:, 0]]}  # (B, V)
+
+    def init_state(self, memory):
+        return None
+
+    def decode_step(self, prev, state, memory, need_attn=False):
+        return (self.transition[prev] + memory["bias"]).log_softmax(-1), state, None
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("alpha,nbest", [(0.0, 1), (0.6, 1), (0.6, 3), (1.0, 2)])
+def test_beam_search_returns_what_the_plainest_beam_search_returns(seed, alpha, nbest):
+    """The batched search (first step on one beam, sentences that are done by a bound
+    leaving early) finds the same n-best lists as a plain search that waits for K."""
+    model = MarkovModel(seed=seed)
+    b = reversal_batch(random.Random(seed), 8, max_len=10)
+    batched = beam_search(model, b.src, b.src_mask, beam_size=4, alpha=alpha, nbest=nbest)
+    for i, hyps in enumerate(batched):
+        length = int(b.src_mask[i].sum())
+        plain = reference_beam_search(model, b.src[i : i + 1, :length],
+                                      b.src_mask[i : i + 1, :length], 4, alpha, 1.5, nbest)
+        assert [h.tokens for h in hyps] == [h.tokens for h in plain]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in plain], abs=1e-4)
