@@ -101,16 +101,20 @@ def preset_of(cfg: CompareConfig, preset: str) -> PresetConfig:
 
 
 def cells_of(cfg: CompareConfig, preset: str, seeds: int | None = None) -> list[Cell]:
-    """Every cell of the preset, seed 1 of all cells first: a study stopped early has each
-    cell once before it has any cell twice. The first group is the main one (tables, charts
-    and attention pictures lead with it)."""
+    """Every cell of the preset, in training order: group by group as the preset lists them
+    (the first, main group before those that may be cut if time runs short); seed by seed, so a study stopped
+    early has each cell once before any twice; within a seed the baselines first, which tell
+    early whether the budget trains good models."""
+    groups = preset_of(cfg, preset).groups
     cells = [Cell(name, family, attention, variant, seed)
-             for name, group in preset_of(cfg, preset).groups.items()
+             for name, group in groups.items()
              for seed in range(1, (seeds or group.seeds) + 1)
              for family, attentions in group.attentions.items()
              for attention in attentions
              for variant in group.variant_overrides()]
-    return sorted(cells, key=lambda c: c.seed)  # stable: group order within a seed
+    order = list(groups)
+    return sorted(cells, key=lambda c: (order.index(c.group), c.seed,
+                                        c.attention != cfg.baselines[c.family]))
 
 
 def cell_overrides(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]) -> list[str]:
