@@ -184,6 +184,7 @@ class CTranslate2Translator:
         dec = self.config.decoding
         beam_size = dec.beam_size if beam_size is None else beam_size
         alpha = dec.alpha if alpha is None else alpha
+        alpha = 0.0 if beam_size == 1 else alpha  # greedy scores are raw, as in greedy_search
         if beam_size < 1 or not 1 <= nbest <= beam_size:
             raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, "
                            f"nbest {nbest}")
