@@ -1,1 +1,2 @@
-"""Data pipeline: corpus -> joint tokenizer -> cached ids -> length-bucketed batches."""
+"""Data pipeline: corpus (checked lines) -> prepare (joint SentencePiece, memory-mapped ids,
+cached once) -> length-bucketed batches."""
