@@ -118,6 +118,22 @@ def test_evaluate_with_ctranslate2_engine_scores_as_ours(run, exported):
     assert bleu[0] == bleu[1]
 
 
+def test_bench_decode_both_engines_side_by_side(run, capsys):
+    assert main(["bench", "decode", "--checkpoint", str(run), "--engine", "torch,ctranslate2",
+                 "--beam", "1,2", "--limit", "6"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    rows = [(r["engine"], r["mode"]) for r in summary["rows"]]
+    assert rows == [("torch", "greedy"), ("ctranslate2", "greedy"), ("torch", "beam2"),
+                    ("ctranslate2", "beam2"), ("torch", "greedy_recompute")]
+    assert set(summary["ctranslate2_speedup"]) == {"greedy", "beam2"}
+    assert all(r["sent_per_s"] > 0 for r in summary["rows"])
+
+
+def test_bench_decode_unknown_engine(run, capsys):
+    assert main(["bench", "decode", "--checkpoint", str(run), "--engine", "torch,onnx"]) == 1
+    assert "unknown engine 'onnx'" in capsys.readouterr().err
+
+
 def test_int8_export_translates(run, tmp_path, sources):
     out = tmp_path / "int8"
     assert main(["export", "--checkpoint", str(run), "--quantization", "int8", "--out", str(out)]) == 0
