@@ -24,6 +24,7 @@ import inspect
 import json
 import os
 import signal
+import socket
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -273,6 +274,16 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
     return server
 
 
+def check_port_free(host: str, port: int) -> None:
+    """A one-line error now rather than uvicorn's exit after the model has loaded."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise NMTError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+
+
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: str = "torch",
           beam: int = 5, max_batch: int = 32) -> None:
     """Serve until Ctrl-C or SIGTERM (either stops LitServe's worker processes too)."""
@@ -282,6 +293,7 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
         raise NMTError(f"--port must be from 1024 to 65535, got {port}")
     if max_batch < 1:
         raise NMTError(f"--max-batch must be at least 1, got {max_batch}")
+    check_port_free(host, port)
     server = build_server(paths, engine, beam, max_batch)
     # SIGTERM as Ctrl-C: LitServe then stops its worker processes. Its forked HTTP server
     # keeps the default, so that LitServe's own terminate() ends it quietly.
@@ -289,4 +301,7 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
     os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
     print(f"serving {', '.join(Path(p).resolve().name for p in paths)} with {engine} "
           f"at http://{host}:{port}/", flush=True)
-    server.run(host=host, port=port, generate_client_file=False, log_level="warning")
+    try:
+        server.run(host=host, port=port, generate_client_file=False, log_level="warning")
+    except RuntimeError as err:  # LitServe's "workers failed to start": the log above says why
+        raise NMTError(f"the server could not start: {err}".splitlines()[0]) from None

@@ -253,6 +253,16 @@ def test_serve_bad_options_give_one_line_error(runs, capsys, argv, message):
     assert message in err and err.count("\n") == 1
 
 
+def test_serve_port_in_use(runs, capsys):
+    _, paths, _ = runs
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--checkpoint", str(paths[0]), "--port", str(port)]) == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
 def test_serve_missing_run_directory(capsys, tmp_path):
     assert main(["serve", "--checkpoint", str(tmp_path / "nothing")]) == 1
     assert "not a training run directory" in capsys.readouterr().err
