@@ -58,8 +58,12 @@ def cmd_compare(args: argparse.Namespace, extra: list[str]) -> None:
     cfg = load_compare_config(args.config)
     out = Path(args.out or f"study/{args.preset}")
     runs = Path(args.runs or f"checkpoints/study/{args.preset}")
+    if args.cost:
+        from nmt.study_cost import measure_cost
+
+        measure_cost(cfg, args.preset, out)
     run_compare(cfg, args.preset, out, runs, named_overrides(args) + dotted_overrides(extra),
-                seeds=args.seeds, train=not args.tables_only)
+                seeds=args.seeds, train=not (args.tables_only or args.cost))
 
 
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
@@ -314,6 +318,9 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--runs", help="the cells' run directories (default checkpoints/study/<preset>)")
     compare.add_argument("--tables-only", action="store_true",
                          help="train nothing: rebuild tables and figures from the records")
+    compare.add_argument("--cost", action="store_true",
+                         help="train nothing: bench each scorer's training cost (on a quiet "
+                              "machine), write <out>/cost.json, rebuild the tables")
     compare.add_argument("--train-lines", type=int)
     compare.add_argument("--max-epochs", type=int)
     compare.add_argument("--src-lang")

@@ -24,6 +24,7 @@ from nmt.config import load_config
 from nmt.data.corpus import load_corpus
 from nmt.files import write_atomic
 from nmt.study_cell import read_hypotheses, read_record
+from nmt.study_cost import cost_markdown
 from nmt.study_figures import draw_figures
 
 
@@ -162,6 +163,8 @@ def write_report(cfg: CompareConfig, preset: str, out: Path) -> list[dict]:
     refs = list(load_corpus(data)["test"]["tgt"])
     rows = summarise(cfg, records, bootstrap_p_values(cfg, records, refs))
     table = markdown(rows, first["scores"]["bleu_signature"])
+    if (out / "cost.json").is_file():
+        table += "\n" + cost_markdown(json.loads((out / "cost.json").read_text()), rows)
     write_atomic(out / "compare.md", table)
     write_atomic(out / "compare.json", json.dumps(rows, indent=1) + "\n")
     with open(out / "compare.csv", "w", newline="") as f:

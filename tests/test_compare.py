@@ -133,10 +133,9 @@ def test_cells_are_reused_only_when_their_configuration_matches(study, capsys):
     assert run("b") == 0
     log = capsys.readouterr().out
     assert "rnn_additive_seed1: training" in log and "reused" not in log
-    key_a = json.loads((out / "a/cells/rnn_additive_seed1/record.json").read_text())["key"]
-    key_b = json.loads((out / "b/cells/rnn_additive_seed1/record.json").read_text())["key"]
-    assert key_a != key_b
-    assert json.loads((out / "b/cells/rnn_additive_seed1/record.json").read_text())["config"]["optim"]["lr"] == 0.002
+    record_a = json.loads((out / "a/cells/rnn_additive_seed1/record.json").read_text())
+    record_b = json.loads((out / "b/cells/rnn_additive_seed1/record.json").read_text())
+    assert record_a["key"] != record_b["key"] and record_b["config"]["optim"]["lr"] == 0.002
 
 
 def test_tables_rebuild_from_records_alone(study, capsys):
@@ -170,3 +169,19 @@ def test_heatmap_of_known_alignment_has_shape_and_labels():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["▁a", "▁dog", "</s>"]
     assert ax.get_title() == "known"
     plt.close(fig)
+
+
+def test_cost_is_benched_per_scorer_and_tabled(study, capsys):
+    from nmt.compare import load_compare_config
+    from nmt.study_cost import measure_cost
+
+    run, out, _, folder = study
+    cfg = load_compare_config(str(folder / "compare.yaml"))
+    cost = measure_cost(cfg, "a", out / "a", steps=2, warmup=1, max_len=32)
+    assert [(r["family"], r["attention"]) for r in cost["train"]] == [
+        ("rnn", "additive"), ("transformer", "scaled_dot"), ("rnn", "dot")]  # baselines first
+    assert all(r["tgt_tok_per_s"] > 0 and r["precision"] for r in cost["train"])
+    assert {r["scorer"] for r in cost["attention"]["rows"]} >= {"additive_deep", "symmetric"}
+    assert run("a", "--tables-only") == 0
+    table = (out / "a" / "compare.md").read_text()
+    assert "### cost" in table and "| transformer | scaled_dot |" in table.split("### cost")[1]

@@ -1,0 +1,75 @@
+"""The study's cost table: what each scorer costs to train, measured on a quiet machine.
+
+Cells train while other work may share the CPU, so their wall-clock times say little. Cost
+comes instead from ``nmt bench train`` of each (family, scorer) of the main group, with the
+cells' own configuration, each in a fresh process, one after the other, and from ``nmt bench
+attention`` (each scorer alone as length grows). ``nmt compare --cost`` writes
+``<out>/cost.json``; the report tables it next to the quality.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from nmt.compare import CompareConfig, cell_overrides, cells_of
+from nmt.errors import NMTError
+from nmt.files import write_atomic
+from nmt.precision import cpu_identity
+
+TRAIN_KEYS = ("tgt_tok_per_s", "sec_per_step", "train_gflop_per_tgt_token", "mfu_at_precision",
+              "peak_rss_mb", "precision")
+
+
+def _bench(arguments: list[str]) -> dict:
+    """Run ``nmt bench ...`` in a fresh process; its last line is the JSON summary."""
+    done = subprocess.run([sys.executable, "-m", "nmt", "bench", *arguments],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise NMTError(f"nmt bench {' '.join(arguments[:3])} failed: {done.stderr.strip()[-300:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_cost(cfg: CompareConfig, preset: str, out: Path, steps: int = 20, warmup: int = 3,
+                 max_len: int = 512) -> dict:
+    """Bench every (family, scorer) of the main group at seed 1; write ``out/cost.json``."""
+    main = [c for c in cells_of(cfg, preset) if c.seed == 1 and c.variant == "base"
+            and c.group == cells_of(cfg, preset)[0].group]
+    rows = []
+    for cell in main:
+        print(f"  {cell.family}/{cell.attention}: bench train ({steps} steps)", flush=True)
+        summary = _bench(["train", "--config", cfg.families[cell.family], "--steps", str(steps),
+                          "--warmup", str(warmup), *cell_overrides(cfg, preset, cell, [])])
+        rows.append({"family": cell.family, "attention": cell.attention,
+                     **{key: summary.get(key) for key in TRAIN_KEYS}})
+    print(f"  scorers alone: bench attention (lengths 16..{max_len})", flush=True)
+    plot = out / "figures" / "cost_attention.png"
+    attention = _bench(["attention", "--max-len", str(max_len), "--plot", str(plot)])
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    cost = {"cpu": cpu_identity(), "measured": now, "steps": steps, "train": rows,
+            "attention": {"rows": attention["rows"], "exponents": attention["exponents"],
+                          "batch": attention["batch"], "heads": attention["heads"],
+                          "head_dim": attention["head_dim"]}}
+    write_atomic(out / "cost.json", json.dumps(cost, indent=1) + "\n")
+    return cost
+
+
+def cost_markdown(cost: dict, rows: list[dict]) -> str:
+    """The training-cost table with each scorer's mean BLEU (main group) beside it."""
+    bleu = {(r["family"], r["attention"]): r["bleu"] for r in rows if r["variant"] == "base"
+            and r["group"] == rows[0]["group"]}
+    lines = [f"### cost (`nmt bench train`, {cost['steps']} steps each, quiet machine: {cost['cpu']},"
+             f" {cost['measured']})", "",
+             "| family | attention | train tgt tok/s | s/step | GFLOP per tgt token | MFU | peak RSS MB "
+             "| precision | test BLEU |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in cost["train"]:
+        lines.append(f"| {r['family']} | {r['attention']} | {r['tgt_tok_per_s']} | {r['sec_per_step']} | "
+                     f"{r['train_gflop_per_tgt_token']} | {r['mfu_at_precision']} | {r['peak_rss_mb']} | "
+                     f"{r['precision']} | {bleu.get((r['family'], r['attention']), '-')} |")
+    exponents = cost["attention"]["exponents"]
+    lines += ["", "Scorers alone (`nmt bench attention`): time ~ length^k, memory ~ length^m: " +
+              ", ".join(f"{name} k={e['time']} m={e['memory']}" for name, e in exponents.items()), ""]
+    return "\n".join(lines) + "\n"
