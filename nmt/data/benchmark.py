@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import multiprocessing
 import random
-import resource
 import time
 from pathlib import Path
 
@@ -53,16 +52,14 @@ def synthetic_corpus(folder: Path, pairs: int, join: int = 1, seed: int = 0) -> 
     return files
 
 
-def _rss_mb() -> float:
-    """Resident memory of this process now (not its peak)."""
+def _status_mb(field: str) -> float:
+    """A memory figure of this process from /proc/self/status: VmRSS (now) or VmHWM (peak).
+    (Not getrusage's ru_maxrss: Linux carries it over from the parent through fork and exec,
+    so a stage process would report at least the parent's memory.)"""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _prepare_stage(config: Config, results) -> None:
@@ -71,7 +68,7 @@ def _prepare_stage(config: Config, results) -> None:
     start = time.perf_counter()
     prepare(config.data)
     results.put({"prepare_s": round(time.perf_counter() - start, 1),
-                 "prepare_peak_rss_mb": round(_peak_rss_mb())})
+                 "prepare_peak_rss_mb": round(_status_mb("VmHWM"))})
 
 
 class _FirstSteps(L.Callback):
@@ -105,7 +102,7 @@ def _train_stage(config: Config, steps: int, spawned_at: float, results) -> None
                         accelerator=config.trainer.accelerator)
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     trainer.fit(module, datamodule=datamodule)
-    rss = _rss_mb()  # batches have flowed: the loader and the model are both in memory
+    rss = _status_mb("VmRSS")  # batches have flowed: the loader and the model are both in memory
     start = time.perf_counter()
     sampler_batches = sum(1 for _ in datamodule.sampler)
     sampler_s = time.perf_counter() - start
