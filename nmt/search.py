@@ -3,7 +3,8 @@
 Beam search is batched over sentences x beam. Each step scores every continuation of the
 K live hypotheses, keeps the best 2K candidates, moves those ending in EOS (among the top
 K) to the sentence's finished list, and continues with the best K that did not end.
-A sentence is done when it has K finished hypotheses; done sentences leave the batch.
+A sentence is done when it has K finished hypotheses, or as soon as no live hypothesis can
+still enter its n-best list (see ``Finished``); done sentences leave the batch.
 Final scores use the GNMT length penalty (Wu et al. 2016, eq. 14).
 """
 
