@@ -137,8 +137,13 @@ def greedy_recompute(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_r
     return int(prefix.size(1) - 1) * src.size(0)
 
 
+WARMUP_SENTENCES = 16
+
+
 def _decode_row(translator, engine: str, sources: list[str], beam: int) -> dict:
-    """One timed pass of a translator (either engine) over ``sources`` with this beam."""
+    """One timed pass of a translator (either engine) over ``sources`` with this beam, after
+    an untimed pass over a few of them (first calls pay for allocation and thread start-up)."""
+    translator.translate(sources[:WARMUP_SENTENCES], beam_size=beam)
     start = time.perf_counter()
     results = translator.translate(sources, beam_size=beam)
     seconds = time.perf_counter() - start
