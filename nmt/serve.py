@@ -126,8 +126,13 @@ class TranslationAPI(litserve.LitAPI):
         self.runs, self.engine, self.default_beam = runs, engine, default_beam
 
     def setup(self, device: str) -> None:
+        """Load every model and translate one sentence with each, so that one-time costs
+        (kernel initialisation, first allocations: seconds on a CPU) are paid before /health
+        says ready, not by the first requests."""
         self.translators = {name: load_translator(path, self.engine, device.split(":")[0])
                             for name, path in self.runs.items()}
+        for translator in self.translators.values():
+            translator.translate(["warm-up"], self.default_beam)
 
     def decode_request(self, request: dict) -> Job | Rejected:  # dict: FastAPI parses the JSON
         return parse_request(request, list(self.runs), self.default_beam)
