@@ -1,7 +1,7 @@
-"""Command line: ``nmt train | translate | evaluate | average | compare | bench``. Thin: parse, call, print.
+"""Command line: ``nmt train | translate | evaluate | average | compare | bench | serve | export``.
 
-Errors a user can fix (bad input, missing files, unknown names) end with one line on stderr
-and exit status 1, never a traceback.
+Thin: parse, call, print. Errors a user can fix (bad input, missing files, unknown names)
+end with one line on stderr and exit status 1, never a traceback.
 """
 
 from __future__ import annotations
