@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from nmt.attention import SCORERS
 from nmt.bench import growth_exponent
 from nmt.cli import main
 
@@ -26,9 +27,9 @@ def test_bench_attention(tmp_path, capsys):
     plot = tmp_path / "attention.png"
     assert main(["bench", "attention", "--max-len", "32", "--plot", str(plot)]) == 0
     summary = last_json(capsys.readouterr().out)
-    assert {r["scorer"] for r in summary["rows"]} == {"additive", "dot", "general", "scaled_dot"}
+    assert {r["scorer"] for r in summary["rows"]} == set(SCORERS)
     assert all(r["ms"] > 0 for r in summary["rows"]) and plot.is_file()
-    assert set(summary["exponents"]) == {"additive", "dot", "general", "scaled_dot"}
+    assert set(summary["exponents"]) == set(SCORERS)
 
 
 @pytest.fixture(scope="module")
