@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import shutil
-import sys
 from pathlib import Path
 
 import ctranslate2
@@ -33,7 +32,7 @@ from nmt.errors import NMTError
 from nmt.models.transformer import TransformerModel
 from nmt.plots import EOS_PIECE
 from nmt.search import length_penalty, max_output_lengths
-from nmt.translator import Translation, Translator
+from nmt.translator import Translation, Translator, decoding_options, encode_truncated
 
 QUANTIZATIONS = ("float32", "int8")
 BESIDE_THE_MODEL = ("spm.model", "config.yaml")  # what our side needs: pieces and options
@@ -166,28 +165,16 @@ class CTranslate2Translator:
                                              intra_threads=threads or torch.get_num_threads())
 
     def encode_lines(self, lines: list[str]) -> list[list[int]]:
-        """Piece ids per line, cut to what the model accepts (room left for EOS), with the
-        warning ``Translator.encode_lines`` gives."""
-        limit = self.max_positions - 1
-        ids = self.tokenizer.encode(lines)
-        for number, seq in enumerate(ids, start=1):
-            if len(seq) > limit:
-                print(f"warning: line {number} has {len(seq)} pieces; truncated to {limit}",
-                      file=sys.stderr)
-                del seq[limit:]
-        return ids
+        """Piece ids per line, cut to what the model accepts (room left for EOS)."""
+        return encode_truncated(self.tokenizer, lines, self.max_positions)
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int = 1,
                   alpha: float | None = None, need_attn: bool = False) -> list[list[Translation]]:
         """Same contract as ``Translator.translate``; attention is (T, S): the last layer's
         cross-attention averaged over heads."""
         dec = self.config.decoding
-        beam_size = dec.beam_size if beam_size is None else beam_size
-        alpha = dec.alpha if alpha is None else alpha
+        beam_size, alpha = decoding_options(dec, beam_size, nbest, alpha)
         alpha = 0.0 if beam_size == 1 else alpha  # greedy scores are raw, as in greedy_search
-        if beam_size < 1 or not 1 <= nbest <= beam_size:
-            raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, "
-                           f"nbest {nbest}")
         ids = self.encode_lines(lines)
         results = [[Translation("", 0.0, [], log_prob=0.0)] for _ in lines]  # empty lines
         todo = [i for i, seq in enumerate(ids) if seq]

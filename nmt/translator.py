@@ -47,6 +47,28 @@ def moses_nbest(results: list[list[Translation]]) -> list[str]:
     return rows
 
 
+def encode_truncated(tokenizer: Tokenizer, lines: list[str], max_positions: int) -> list[list[int]]:
+    """Piece ids per line, each cut to ``max_positions - 1`` (room for EOS) with a warning on
+    stderr naming the line: the one rule of every engine."""
+    limit = max_positions - 1
+    ids = tokenizer.encode(lines)
+    for number, seq in enumerate(ids, start=1):
+        if len(seq) > limit:
+            print(f"warning: line {number} has {len(seq)} pieces; truncated to {limit}", file=sys.stderr)
+            del seq[limit:]
+    return ids
+
+
+def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None) -> tuple[int, float]:
+    """Beam size and length penalty: the arguments given, else the run's decoding config;
+    an impossible beam / n-best pair is a one-line error."""
+    beam_size = dec.beam_size if beam_size is None else beam_size
+    alpha = dec.alpha if alpha is None else alpha
+    if beam_size < 1 or not 1 <= nbest <= beam_size:
+        raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, nbest {nbest}")
+    return beam_size, alpha
+
+
 def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
     """``weights`` (a file, relative to the run directory or absolute, e.g. averaged.ckpt
     from ``nmt average``) if given, else best.ckpt, else last.ckpt."""
@@ -103,11 +125,7 @@ class Translator:
         """Translate ``lines``; for each its ``nbest`` translations (one empty for an empty
         line). With ``need_attn`` each translation carries its source attention."""
         dec = self.config.decoding
-        beam_size = dec.beam_size if beam_size is None else beam_size
-        alpha = dec.alpha if alpha is None else alpha
-        if beam_size < 1 or not 1 <= nbest <= beam_size:
-            raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, "
-                           f"nbest {nbest}")
+        beam_size, alpha = decoding_options(dec, beam_size, nbest, alpha)
         ids = self.encode_lines(lines)
         results = [[Translation("", 0.0, [], log_prob=0.0)] for _ in lines]  # empty lines
         todo = [i for i, seq in enumerate(ids) if seq]
@@ -128,14 +146,7 @@ class Translator:
 
     def encode_lines(self, lines: list[str]) -> list[list[int]]:
         """Piece ids per line, cut to what the model accepts (room left for EOS)."""
-        limit = self.model.max_positions - 1
-        ids = self.tokenizer.encode(lines)
-        for number, seq in enumerate(ids, start=1):
-            if len(seq) > limit:
-                print(f"warning: line {number} has {len(seq)} pieces; truncated to {limit}",
-                      file=sys.stderr)
-                del seq[limit:]
-        return ids
+        return encode_truncated(self.tokenizer, lines, self.model.max_positions)
 
     def _result(self, hyp: Hypothesis, src_ids: list[int]) -> Translation:
         """Detokenized text; attention cut to this sentence's source (+ EOS) columns."""

@@ -74,7 +74,7 @@ def test_teacher_forced_weights_shapes_and_causality(family):
 
 
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])
-def test_self_attention_pictures_have_shape_and_labels(run, tmp_path, monkeypatch, kind):  # noqa: F811
+def test_self_attention_pictures_have_shape_and_labels(run, tmp_path, monkeypatch, kind):
     drawn = []
     monkeypatch.setattr(plots, "save_attention_grid", lambda path, panels, **_: drawn.append((path, panels)))
     source = tmp_path / "in.txt"
@@ -98,7 +98,7 @@ def test_self_attention_pictures_have_shape_and_labels(run, tmp_path, monkeypatc
         torch.testing.assert_close(weights.sum(-1), torch.ones(len(rows)))
 
 
-def test_rnn_has_no_self_attention_to_draw(run):  # noqa: F811
+def test_rnn_has_no_self_attention_to_draw(run):
     trained = Translator.from_run_dir(run)
     rnn = tiny_model("rnn", "additive", vocab=len(trained.tokenizer))
     translator = Translator(rnn, Tokenizer(run / "spm.model"), trained.config)

@@ -15,20 +15,7 @@ from nmt.export import CTranslate2Translator
 from nmt.plots import EOS_PIECE, attention_matrix
 from nmt.translator import Translator
 
-from .conftest import tiny_train_args, write_corpus
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
-    return folder, write_corpus(folder)
-
-
-@pytest.fixture(scope="module")
-def run(corpus):
-    folder, files = corpus
-    assert main(tiny_train_args(files, folder / "run", folder / "data", epochs=2)) == 0
-    return folder / "run"
+from .test_cli import corpus, run  # noqa: F401  (module-scoped fixtures: a tiny trained run)
 
 
 @pytest.fixture(scope="module")
