@@ -167,8 +167,8 @@ def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: l
     cells = cells_of(cfg, preset, seeds)
     print(f"{len(cells)} cells, preset {preset}, records in {out}, runs in {runs}", flush=True)
     for cell in cells:
-        config_file = cfg.families[cell.family]
-        key, resolved = cell_key(config_file, cell_overrides(cfg, preset, cell, extra))
+        config_file, overrides = cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra)
+        key, resolved = cell_key(config_file, overrides)
         record_dir = out / "cells" / cell.name
         if (record := read_record(record_dir)) is not None and record["key"] == key:
             print(f"  {cell.name}: recorded already, reused", flush=True)
@@ -176,7 +176,7 @@ def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: l
         run_dir = runs / f"{cell.name}-{key}"
         if not train and not (run_dir / "train_stats.json").is_file():
             continue
-        train_cell(cell, config_file, cell_overrides(cfg, preset, cell, extra), run_dir)
+        train_cell(cell, config_file, overrides, run_dir)
         print(f"  {cell.name}: decoding and recording", flush=True)
         finish_cell(cfg, preset, cell, key, resolved, run_dir, record_dir)
     return write_report(cfg, preset, out)
