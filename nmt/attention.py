@@ -225,9 +225,10 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
     def project_keys(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, S, D) -> prepared keys (B, H, S, D') and values (B, H, S, Dh)."""
+        """(B, S, D) -> prepared keys (B, H, S, D') and values (B, H, S, Dh), contiguous:
+        the per-head view is strided, and matmul would copy it again at every decoding step."""
         keys = self.scorer.prepare_keys(self._split(self.k_proj(x)))
-        return keys, self._split(self.v_proj(x))
+        return keys.contiguous(), self._split(self.v_proj(x)).contiguous()
 
     def forward(
         self,

@@ -24,9 +24,10 @@ from nmt.data.module import TranslationDataModule, decoding_loader, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.engines import ENGINES
 from nmt.errors import NMTError
+from nmt.metrics import score_corpus
 from nmt.models import build_model
 from nmt.plots import save_lines
-from nmt.precision import training_precision
+from nmt.precision import autocast_dtype, training_precision
 from nmt.search import max_output_lengths, restrict
 from nmt.training import TranslationModule, peak_rss_mb
 from nmt.translator import Translator
@@ -95,7 +96,7 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     device = trainer.strategy.root_device
     peak = matmul_peak_gflops(torch.float32, device)
     # Under bf16/fp16 the matmuls run in that type: utilisation against its peak too.
-    dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(str(trainer.precision).split("-")[0])
+    dtype = autocast_dtype(precision)
     precision_peak = matmul_peak_gflops(dtype, device) if dtype else peak
     achieved = timer.flops / timer.seconds / 1e9
     return {
@@ -140,58 +141,86 @@ def greedy_recompute(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_r
 WARMUP_SENTENCES = 16
 
 
-def _decode_row(translator, engine: str, sources: list[str], beam: int) -> dict:
-    """One timed pass of a translator (either engine) over ``sources`` with this beam, after
-    an untimed pass over a few of them (first calls pay for allocation and thread start-up)."""
+def _decode_row(translator, engine: str, corpus: dict, beam: int) -> dict:
+    """One timed pass of a translator (either engine) over the split's sources with this beam,
+    after an untimed pass over a few of them (first calls pay for allocation and thread
+    start-up), and the BLEU of what it wrote: a faster setting must not cost quality."""
+    sources = corpus["src"]
     translator.translate(sources[:WARMUP_SENTENCES], beam_size=beam)
     start = time.perf_counter()
     results = translator.translate(sources, beam_size=beam)
     seconds = time.perf_counter() - start
     tokens = sum(len(r[0].pieces) + 1 for r in results)  # + EOS
-    return {"engine": engine, "mode": f"beam{beam}" if beam > 1 else "greedy", "beam": beam,
+    precision = "float32" if engine == "ctranslate2" else translator.precision.precision
+    return {"engine": engine, "precision": precision,
+            "mode": f"beam{beam}" if beam > 1 else "greedy", "beam": beam,
             "seconds": round(seconds, 2),
             "sent_per_s": round(len(sources) / seconds, 1),
             "tok_per_s": round(tokens / seconds, 1),
-            "avg_output_len": round(tokens / len(sources), 2)}
+            "avg_output_len": round(tokens / len(sources), 2),
+            "bleu": round(score_corpus([r[0].text for r in results], corpus["tgt"])["bleu"], 2)}
+
+
+def _recompute_row(translator: Translator, sources: list[str]) -> dict:
+    """Greedy without the incremental state (the whole prefix every step)."""
+    loader = decoding_loader(PairDataset(translator.encode_lines(sources)),
+                             translator.config.data.eval_max_tokens)
+    start = time.perf_counter()
+    for batch in loader:
+        with translator.autocast_context():
+            greedy_recompute(translator.model, batch.src, batch.src_mask,
+                             translator.config.decoding.max_len_ratio)
+    seconds = time.perf_counter() - start
+    return {"engine": "torch", "precision": translator.precision.precision,
+            "mode": "greedy_recompute", "beam": 1,
+            "seconds": round(seconds, 2), "sent_per_s": round(len(sources) / seconds, 1)}
+
+
+def _speed_ratios(rows: list[dict], first: str) -> dict:
+    """Ratios of the rows' sentences/s: each mode's cost against greedy, and each other
+    (engine, precision) against torch at the ``first`` precision, mode by mode."""
+    base = {r["mode"]: r for r in rows if (r["engine"], r["precision"]) == ("torch", first)}
+    ratios = {}
+    if "greedy" in base:
+        ratios["beam_cost_vs_greedy"] = {m: round(base["greedy"]["sent_per_s"] / r["sent_per_s"], 2)
+                                         for m, r in base.items()}
+    for r in rows:
+        if r["mode"] in base and (r["engine"], r["precision"]) != ("torch", first):
+            key = f"{r['engine']}_{r['precision']}_speedup"
+            ratios.setdefault(key, {})[r["mode"]] = round(r["sent_per_s"] / base[r["mode"]]["sent_per_s"], 2)
+    return ratios
 
 
 def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int | None = None,
-                 recompute: bool = True, engines: tuple[str, ...] = ("torch",)) -> dict:
-    """Sentences/s and generated tokens/s of greedy and beam search over a corpus split, for
-    each engine in turn at each beam size (ctranslate2: the run exported in float32)."""
+                 recompute: bool = True, engines: tuple[str, ...] = ("torch",),
+                 precisions: tuple[str, ...] = ("auto",)) -> dict:
+    """Sentences/s, generated tokens/s and BLEU of greedy and beam search over a corpus split,
+    for each engine (torch: at each decoding precision; ctranslate2: the run exported in
+    float32) in turn at each beam size."""
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         raise NMTError(f"unknown engine '{unknown[0]}'; choose from: {', '.join(ENGINES)}")
-    translator = Translator.from_run_dir(run_dir)
-    sources = list(load_corpus(translator.config.data)[split]["src"])[:limit]
+    translator = Translator.from_run_dir(run_dir, precision=precisions[0])
+    corpus = load_corpus(translator.config.data)[split]
+    corpus = {side: list(corpus[side])[:limit] for side in ("src", "tgt")}
     with tempfile.TemporaryDirectory() as tmp:
-        decoders = {"torch": translator}
-        if "ctranslate2" in engines:
-            from nmt.export import CTranslate2Translator, export_ctranslate2
+        decoders = []  # (engine, translator)
+        for engine in engines:
+            if engine == "torch":
+                decoders += [(engine, Translator(translator.model, translator.tokenizer,
+                                                 translator.config, p)) for p in precisions]
+            else:
+                from nmt.export import CTranslate2Translator, export_ctranslate2
 
-            decoders["ctranslate2"] = CTranslate2Translator(export_ctranslate2(run_dir, Path(tmp) / "ct2"))
-        rows = [_decode_row(decoders[e], e, sources, beam) for beam in beams for e in engines]
-    if recompute:  # greedy without the incremental state: the whole prefix every step
-        loader = decoding_loader(PairDataset(translator.encode_lines(sources)),
-                                 translator.config.data.eval_max_tokens)
-        start, tokens = time.perf_counter(), 0
-        for batch in loader:
-            tokens += greedy_recompute(translator.model, batch.src, batch.src_mask,
-                                       translator.config.decoding.max_len_ratio)
-        seconds = time.perf_counter() - start
-        rows.append({"engine": "torch", "mode": "greedy_recompute", "beam": 1,
-                     "seconds": round(seconds, 2), "sent_per_s": round(len(sources) / seconds, 1),
-                     "tok_per_s": None, "avg_output_len": None})
-    times = {row["mode"]: row["seconds"] for row in rows if row["engine"] == "torch"}
-    summary = {"bench": "decode", "run": str(run_dir), "split": split, "sentences": len(sources),
-               "rows": rows, "peak_rss_mb": round(peak_rss_mb(), 1)}
-    if "greedy" in times:
-        summary["beam_cost_vs_greedy"] = {m: round(s / times["greedy"], 2) for m, s in times.items()}
-    if {"torch", "ctranslate2"} <= set(engines):  # ratio of sentences/s (unrounded times)
-        rate = {(row["engine"], row["mode"]): row["sent_per_s"] for row in rows}
-        summary["ctranslate2_speedup"] = {mode: round(rate["ctranslate2", mode] / rate["torch", mode], 2)
-                                          for engine, mode in rate if engine == "ctranslate2"}
-    return summary
+                ct2 = export_ctranslate2(run_dir, Path(tmp) / "ct2")
+                decoders.append((engine, CTranslate2Translator(ct2)))
+        rows = [_decode_row(decoder, engine, corpus, beam)
+                for beam in beams for engine, decoder in decoders]
+    if recompute:
+        rows.append(_recompute_row(translator, corpus["src"]))
+    return {"bench": "decode", "run": str(run_dir), "split": split, "sentences": len(corpus["src"]),
+            "rows": rows, "peak_rss_mb": round(peak_rss_mb(), 1),
+            **_speed_ratios(rows, translator.precision.precision)}
 
 
 def _time_scorer(name: str, length: int, batch: int, heads: int, head_dim: int,

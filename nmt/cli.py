@@ -15,6 +15,8 @@ from nmt.allocator import keep_freed_memory
 from nmt.errors import NMTError
 from nmt.files import write_atomic
 
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")  # for decoding (see nmt.precision)
+
 # Named training flags -> the config key they set.
 TRAIN_FLAGS = {
     "run_dir": "run_dir",
@@ -107,7 +109,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
     from nmt.engines import load_translator
     from nmt.translator import moses_nbest
 
-    translator = load_translator(args.checkpoint, args.engine, args.device, args.weights)
+    translator = load_translator(args.checkpoint, args.engine, args.device, args.weights,
+                                 args.precision)
     lines = read_lines(args.input)
     need_attn = args.plot_attention is not None
     results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn)
@@ -156,7 +159,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from nmt.engines import load_translator
     from nmt.metrics import score_corpus
 
-    translator = load_translator(args.checkpoint, args.engine, args.device, args.weights)
+    translator = load_translator(args.checkpoint, args.engine, args.device, args.weights,
+                                 args.precision)
     corpus = load_corpus(translator.config.data)
     if args.split not in corpus:
         raise NMTError(f"split '{args.split}' not in the corpus; available: {', '.join(corpus)}")
@@ -207,7 +211,7 @@ def print_table(rows: list[dict]) -> None:
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
     for row in rows:
-        print("| " + " | ".join("" if row[k] is None else str(row[k]) for k in keys) + " |")
+        print("| " + " | ".join("" if row.get(k) is None else str(row[k]) for k in keys) + " |")
 
 
 def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
@@ -235,8 +239,12 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
                      for k, v in summary["exponents"].items()])
     else:
         beams = [int(b) for b in args.beam.split(",")]
+        precisions = tuple(args.precision.split(","))
+        unknown = [p for p in precisions if p not in PRECISIONS]
+        if unknown:
+            raise NMTError(f"unknown precision '{unknown[0]}'; choose from: {', '.join(PRECISIONS)}")
         summary = bench.bench_decode(args.checkpoint, beams, args.split, args.limit,
-                                     engines=tuple(args.engine.split(",")))
+                                     engines=tuple(args.engine.split(",")), precisions=precisions)
         print_table(summary["rows"])
     print(json.dumps(summary))
 
@@ -275,6 +283,8 @@ def parser() -> argparse.ArgumentParser:
                        help="torch | ctranslate2 (--checkpoint: a folder from nmt export)")
         p.add_argument("--weights", help="checkpoint file in the run directory (or a path) "
                                          "instead of best.ckpt, e.g. averaged.ckpt")
+        p.add_argument("--precision", choices=PRECISIONS,
+                       help="decoding precision (default: the run's decoding.precision, auto)")
     translate = sub.choices["translate"]
     translate.add_argument("--input", help="input file (default stdin)")
     translate.add_argument("--output", help="output file (default stdout)")
@@ -342,6 +352,8 @@ def parser() -> argparse.ArgumentParser:
     bench_decode.add_argument("--limit", type=int, help="first N sentences only")
     bench_decode.add_argument("--engine", default="torch",
                               help="comma-separated: torch, ctranslate2 (the run exported in float32)")
+    bench_decode.add_argument("--precision", default="auto",
+                              help="comma-separated torch decoding precisions: " + ", ".join(PRECISIONS))
     bench_data = what.add_parser("data", help="prepare and training start-up on a synthetic "
                                  "corpus of N pairs", epilog="Config keys: --section.key VALUE.")
     bench_data.add_argument("--pairs", type=int, default=100_000)

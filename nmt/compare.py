@@ -126,18 +126,17 @@ def cell_overrides(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]
             f"model.attention={cell.attention}", f"seed={cell.seed}"]
 
 
-# Options that name or display a run but do not change what it learns.
-NOT_IN_KEY = ("name", "run_dir")
-NOT_IN_KEY_TRAINER = ("enable_progress_bar",)
+# Options that cannot change a cell's record: naming and display, and the decoding precision
+# (``finish_cell`` decodes every cell in fp32, so records compare across machines).
+NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar",), "decoding": ("precision",)}
 
 
 def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
     """A 12-hex hash of the fully resolved configuration, and that configuration."""
     resolved = to_dict(load_config(config_file, overrides))
-    for key in NOT_IN_KEY:
-        resolved.pop(key, None)
-    for key in NOT_IN_KEY_TRAINER:
-        resolved["trainer"].pop(key, None)
+    for section, keys in NOT_IN_KEY.items():
+        for key in keys:
+            (resolved[section] if section else resolved).pop(key, None)
     text = json.dumps(resolved, sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:12], resolved
 

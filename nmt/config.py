@@ -81,6 +81,8 @@ class DecodingConfig:
     alpha: float = 0.6  # GNMT length penalty exponent; 0 = none
     max_len_ratio: float = 1.5  # output may be up to ratio * source length + 5 pieces
     nbest: int = 1
+    # auto: what trainer.precision resolves to (bf16 where measured faster), or 32-true / bf16-mixed
+    precision: str = "auto"
 
 
 @dataclass

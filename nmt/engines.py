@@ -12,15 +12,17 @@ ENGINES = ("torch", "ctranslate2")
 
 
 def load_translator(path: str, engine: str = "torch", device: str | None = None,
-                    weights: str | None = None):
-    """A run directory (and optionally another checkpoint file of it) for torch; a directory
-    written by ``nmt export`` for ctranslate2."""
+                    weights: str | None = None, precision: str | None = None):
+    """A run directory (and optionally another checkpoint file of it, and a decoding
+    precision) for torch; a directory written by ``nmt export`` for ctranslate2."""
     if engine == "torch":
         from nmt.translator import Translator
 
-        return Translator.from_run_dir(path, device, weights)
+        return Translator.from_run_dir(path, device, weights, precision)
     if weights is not None:
         raise NMTError("--weights is for the torch engine; export those weights instead")
+    if precision is not None:
+        raise NMTError("--precision is for the torch engine; export with --quantization instead")
     if engine == "ctranslate2":
         try:
             from nmt.export import CTranslate2Translator

@@ -141,6 +141,27 @@ def resolve_precision(precision: str, shapes: list[tuple[int, int, int]] | None 
     return choose_cpu_precision(shapes or probe_shapes({}, 8000))
 
 
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}  # by Lightning's prefix
+
+
+def autocast_dtype(choice: PrecisionChoice) -> torch.dtype | None:
+    """The dtype autocast runs matmuls in under ``choice``; None for full precision."""
+    return AUTOCAST_DTYPES.get(choice.precision.split("-")[0])
+
+
+def decoding_precision(config, device_type: str, precision: str | None = None) -> PrecisionChoice:
+    """The precision translate, evaluate and serve decode in: ``precision`` if given, else
+    ``decoding.precision``, whose ``auto`` is what the run's ``trainer.precision`` resolves to on
+    this device (validation during training decodes under it too). On a 2-core Intel Xeon with
+    AMX, bf16 decoding of a trained Transformer ran 1.5x (greedy) and 1.7x (beam 5) faster with
+    test2016 BLEU unchanged (README, Performance)."""
+    precision = precision or config.decoding.precision
+    if precision == "auto":
+        precision = config.trainer.precision
+    shapes = probe_shapes(config.model, config.data.vocab_size)
+    return resolve_precision(precision, shapes, "cuda" if device_type == "cuda" else "cpu")
+
+
 _announced: set[PrecisionChoice] = set()
 
 

@@ -61,28 +61,31 @@ def max_output_lengths(src_mask: Tensor, ratio: float, cap: int) -> Tensor:
 def greedy_search(
     model: Seq2Seq, src: Tensor, src_mask: Tensor, max_len_ratio: float = 1.5
 ) -> list[Hypothesis]:
-    """Arg-max decoding for a batch: (B, S) -> one hypothesis per sentence."""
+    """Arg-max decoding for a batch: (B, S) -> one hypothesis per sentence. A sentence leaves
+    the batch when it emits EOS, so each step costs what the sentences still running need."""
     memory = model.encode(src, src_mask)
     state = model.init_state(memory)
     max_lens = max_output_lengths(src_mask, max_len_ratio, model.max_positions)
-    batch = src.size(0)
-    prev = torch.full((batch,), BOS, dtype=torch.long, device=src.device)
-    tokens, scores = [], torch.zeros(batch, device=src.device)
-    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    for step in range(int(max_lens.max())):
+    batch, device = src.size(0), src.device
+    alive = torch.arange(batch, device=device)  # original index of each running sentence
+    prev = torch.full((batch,), BOS, dtype=torch.long, device=device)
+    tokens = torch.full((batch, int(max_lens.max())), EOS, dtype=torch.long, device=device)
+    scores = torch.zeros(batch, device=device)
+    for step in range(tokens.size(1)):
         log_probs, state, _ = model.decode_step(prev, state, memory)
-        restrict(log_probs, step >= max_lens - 1)
-        best, prev = log_probs.max(-1)
-        scores += best.masked_fill(done, 0.0)
-        tokens.append(prev)
-        done |= prev == EOS
-        if done.all():
-            break
-    rows = torch.stack(tokens, 1).tolist()
-    return [
-        Hypothesis(row[: row.index(EOS)] if EOS in row else row, log_prob)
-        for row, log_prob in zip(rows, scores.tolist())
-    ]
+        restrict(log_probs, step >= max_lens[alive] - 1)
+        best, prev = log_probs.max(-1)  # (n,) each
+        scores.index_add_(0, alive, best.float())
+        tokens[alive, step] = prev
+        running = prev != EOS
+        if not running.all():  # drop the finished rows from the batch and its state
+            left = running.nonzero().squeeze(1)
+            if len(left) == 0:
+                break
+            alive, prev = alive[left], prev[left]
+            state, memory = select_rows(state, left), select_rows(memory, left)
+    rows = tokens.tolist()  # every row has an EOS: the last step forces one
+    return [Hypothesis(row[: row.index(EOS)], log_prob) for row, log_prob in zip(rows, scores.tolist())]
 
 
 @torch.no_grad()
@@ -98,7 +101,7 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Batched beam search: (B, S) -> for each sentence its ``nbest`` best hypotheses."""
     k, device = beam_size, src.device
-    memory = model.encode(src, src_mask)  # one row per sentence until the first step is done
+    memory = model.encode(src, src_mask)  # one row per sentence, shared by its beams
     state = model.init_state(memory)
     max_lens = max_output_lengths(src_mask, max_len_ratio, model.max_positions)
     finished = Finished(max_lens, k, nbest, alpha)
@@ -132,8 +135,8 @@ def beam_search(
             attn_rows = [a[rows] for a in attn_rows]
         # Rows of the survivors, among all current rows: drops done sentences, reorders beams.
         state = select_rows(state, rows)
-        if width != k or len(left) < len(alive):  # the beams of a sentence share its memory
-            memory = select_rows(memory, (left * width).repeat_interleave(k))
+        if len(left) < len(alive):  # memory: one row per sentence, shared by its beams
+            memory = select_rows(memory, left)
         scores, alive, width = next_scores[left], alive[left], k
     return finished.best()
 

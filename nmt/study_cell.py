@@ -44,8 +44,9 @@ def read_hypotheses(folder: Path) -> list[str]:
 
 def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
                 record_dir: Path) -> dict:
-    """Decode the test split, measure the attention, write the record and hypotheses."""
-    translator = Translator.from_run_dir(run_dir)
+    """Decode the test split (in fp32 on every machine, so that records compare), measure
+    the attention, write the record and hypotheses."""
+    translator = Translator.from_run_dir(run_dir, precision="32-true")
     test = load_corpus(translator.config.data)["test"]
     sources, references = list(test["src"]), list(test["tgt"])
     start = time.perf_counter()

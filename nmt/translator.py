@@ -20,6 +20,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError
 from nmt.models import build_model
 from nmt.plots import EOS_PIECE
+from nmt.precision import autocast_dtype, decoding_precision
 from nmt.search import Hypothesis, beam_search, greedy_search
 
 
@@ -83,12 +84,17 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
 
 
 class Translator:
-    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, config: Config):
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, config: Config,
+                 precision: str | None = None):
+        """``precision``: 32-true, bf16-mixed or auto (default: the config's decoding.precision;
+        see ``decoding_precision``)."""
         self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
+        self.precision = decoding_precision(config, self.device.type, precision)
+        self.autocast = autocast_dtype(self.precision)
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, device: str | None = None,
-                     weights: str | Path | None = None) -> Translator:
+                     weights: str | Path | None = None, precision: str | None = None) -> Translator:
         """Model, tokenizer and config from ``run_dir``; weights from ``weights`` if given
         (see ``find_checkpoint``), else best.ckpt, else last.ckpt."""
         run_dir = Path(run_dir)
@@ -108,11 +114,15 @@ class Translator:
         except Exception as err:  # unpickling, missing keys, shape mismatches, ...
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint ({reason})") from None
-        return cls(model.to(device), tokenizer, config)
+        return cls(model.to(device), tokenizer, config, precision)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def autocast_context(self) -> torch.autocast:
+        """Autocast to the decoding precision (disabled at full precision)."""
+        return torch.autocast(self.device.type, self.autocast, enabled=self.autocast is not None)
 
     def translate(
         self,
@@ -133,12 +143,13 @@ class Translator:
         for batch in loader:
             src = batch.src.to(self.device)
             mask = batch.src_mask.to(self.device)
-            if beam_size == 1 and not need_attn:
-                found = [[h] for h in greedy_search(self.model, src, mask, dec.max_len_ratio)]
-            else:
-                found = beam_search(
-                    self.model, src, mask, beam_size, alpha, dec.max_len_ratio, nbest, need_attn
-                )
+            with self.autocast_context():
+                if beam_size == 1 and not need_attn:
+                    found = [[h] for h in greedy_search(self.model, src, mask, dec.max_len_ratio)]
+                else:
+                    found = beam_search(
+                        self.model, src, mask, beam_size, alpha, dec.max_len_ratio, nbest, need_attn
+                    )
             for position, hyps in zip(batch.idx.tolist(), found):
                 line = todo[position]
                 results[line] = [self._result(h, ids[line]) for h in hyps]
@@ -154,6 +165,6 @@ class Translator:
                                   self.tokenizer.pieces(hyp.tokens), log_prob=hyp.log_prob,
                                   length_penalty=hyp.penalty)
         if hyp.attention is not None:
-            translation.attention = hyp.attention[..., : len(src_ids) + 1]
+            translation.attention = hyp.attention[..., : len(src_ids) + 1].float()
             translation.source = self.tokenizer.pieces(src_ids) + [EOS_PIECE]
         return translation

@@ -54,8 +54,13 @@ def test_bench_train(tiny, capsys):
 def test_bench_decode(tiny, capsys):
     _, run = tiny
     assert main(["bench", "decode", "--checkpoint", str(run), "--beam", "1,3",
-                 "--split", "test", "--limit", "10"]) == 0
+                 "--split", "test", "--limit", "10", "--precision", "32-true,bf16-mixed"]) == 0
     summary = last_json(capsys.readouterr().out)
-    modes = [r["mode"] for r in summary["rows"]]
-    assert modes == ["greedy", "beam3", "greedy_recompute"]
+    rows = [(r["precision"], r["mode"]) for r in summary["rows"]]
+    assert rows == [("32-true", "greedy"), ("bf16-mixed", "greedy"), ("32-true", "beam3"),
+                    ("bf16-mixed", "beam3"), ("32-true", "greedy_recompute")]
+    assert all(0 <= r["bleu"] <= 100 for r in summary["rows"][:4])
     assert summary["sentences"] == 10 and summary["beam_cost_vs_greedy"]["greedy"] == 1.0
+    assert set(summary["torch_bf16-mixed_speedup"]) == {"greedy", "beam3"}
+    assert main(["bench", "decode", "--checkpoint", str(run), "--precision", "fp8"]) == 1
+    assert "unknown precision 'fp8'" in capsys.readouterr().err

@@ -112,13 +112,21 @@ def test_bench_decode_both_engines_side_by_side(run, capsys):
     rows = [(r["engine"], r["mode"]) for r in summary["rows"]]
     assert rows == [("torch", "greedy"), ("ctranslate2", "greedy"), ("torch", "beam2"),
                     ("ctranslate2", "beam2"), ("torch", "greedy_recompute")]
-    assert set(summary["ctranslate2_speedup"]) == {"greedy", "beam2"}
+    assert set(summary["ctranslate2_float32_speedup"]) == {"greedy", "beam2"}
     assert all(r["sent_per_s"] > 0 for r in summary["rows"])
 
 
 def test_bench_decode_unknown_engine(run, capsys):
     assert main(["bench", "decode", "--checkpoint", str(run), "--engine", "torch,onnx"]) == 1
     assert "unknown engine 'onnx'" in capsys.readouterr().err
+
+
+def test_precision_is_for_the_torch_engine(run, tmp_path, capsys):
+    out = tmp_path / "ct2"
+    assert main(["export", "--checkpoint", str(run), "--format", "ctranslate2", "--out", str(out)]) == 0
+    assert main(["translate", "--engine", "ctranslate2", "--checkpoint", str(out),
+                 "--precision", "bf16-mixed"]) == 1
+    assert "--precision is for the torch engine" in capsys.readouterr().err
 
 
 def test_int8_export_translates(run, tmp_path, sources):

@@ -1,9 +1,14 @@
 """precision: auto decides by measurement on CPU, and says why."""
 
+import random
+
 import pytest
+import torch
 
 from nmt import precision
 from nmt.config import load_config
+
+from .conftest import reversal_batch, tiny_model
 
 
 @pytest.fixture
@@ -67,3 +72,30 @@ def test_training_precision_uses_the_model_shapes(cache, monkeypatch, capsys):
     assert choice.precision == "bf16-mixed"
     assert calls[0] == [(512, 512, 512), (512, 512, 1536), (512, 512, 8000)]
     assert "precision: bf16-mixed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("trainer, decoding, given, chosen", [
+    ("32-true", "auto", None, "32-true"),  # auto decodes as the run trains
+    ("auto", "auto", None, "bf16-mixed"),  # ... measured (bf16 faster here)
+    ("auto", "32-true", None, "32-true"),  # the config's decoding.precision
+    ("32-true", "auto", "bf16-mixed", "bf16-mixed"),  # --precision wins
+])
+def test_decoding_precision(cache, monkeypatch, trainer, decoding, given, chosen):
+    fake_timing(monkeypatch, 1.0, 0.5)
+    config = load_config("configs/transformer.yaml",
+                         [f"trainer.precision={trainer}", f"decoding.precision={decoding}"])
+    choice = precision.decoding_precision(config, "cpu", given)
+    assert choice.precision == chosen
+    assert precision.autocast_dtype(choice) == (torch.bfloat16 if chosen == "bf16-mixed" else None)
+
+
+def test_bf16_decoding_keeps_scores_in_fp32():
+    """Under bf16 autocast the models still return fp32 log-probabilities, so beam scores
+    add up without bf16 rounding."""
+    model = tiny_model("transformer", "scaled_dot", vocab=30, seed=3).eval()
+    b = reversal_batch(random.Random(0), 4)
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        memory = model.encode(b.src, b.src_mask)
+        log_probs, _, _ = model.decode_step(b.tgt_in[:, 0], model.init_state(memory), memory)
+    assert log_probs.dtype == torch.float32
+    torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(4))

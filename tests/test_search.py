@@ -64,6 +64,22 @@ def test_beam_one_equals_greedy(family, attention, random_batch):
 
 
 @pytest.mark.parametrize("family", ["rnn", "transformer"])
+def test_batched_greedy_equals_one_by_one(family, random_batch):
+    """Sentences leave the greedy batch as they end: the others must keep their own rows of
+    state and memory, so each output equals the sentence decoded alone."""
+    model = _model(family, "general")
+    b = random_batch
+    together = greedy_search(model, b.src, b.src_mask)
+    lengths = {len(h.tokens) for h in together}
+    assert len(lengths) > 1  # sentences end at different steps: rows were dropped
+    for i in range(b.src.size(0)):
+        length = int(b.src_mask[i].sum())
+        alone = greedy_search(model, b.src[i : i + 1, :length], b.src_mask[i : i + 1, :length])[0]
+        assert alone.tokens == together[i].tokens
+        assert alone.log_prob == pytest.approx(together[i].log_prob, abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ["rnn", "transformer"])
 def test_batched_beam_equals_one_by_one_and_padding_is_invisible(family, random_batch):
     model = _model(family, "additive")
     b = random_batch
@@ -230,7 +246,8 @@ class MarkovModel(torch.nn.Module):
         return None
 
     def decode_step(self, prev, state, memory, need_attn=False):
-        return (self.transition[prev] + memory["bias"]).log_softmax(-1), state, None
+        bias = memory["bias"].repeat_interleave(len(prev) // len(memory["bias"]), 0)  # per beam
+        return (self.transition[prev] + bias).log_softmax(-1), state, None
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -10,6 +10,11 @@ where attn is the source attention of this step, (B, ..., S): (B, S) for the RNN
 ``memory`` and ``state`` are nests of tensors (tuples, lists, dicts) whose tensors all have
 the batch on dim 0, so ``select_rows`` can reorder them for beam search or drop finished
 sentences without knowing the family.
+
+``memory`` holds one row per sentence, while ``prev`` and ``state`` may hold K rows per
+sentence (the beams; row i * K + j is beam j of sentence i). The model attends with a
+sentence's K beams as K query positions over its one memory row (``beams_as_queries``), so
+beam search never copies the memory K times and the K queries share one batched matmul.
 """
 
 from __future__ import annotations
@@ -42,3 +47,10 @@ def select_rows(nest: Any, index: Tensor) -> Any:
     if isinstance(nest, (list, tuple)):
         return type(nest)(select_rows(value, index) for value in nest)
     return nest
+
+
+def beams_as_queries(queries: Tensor, sentences: int) -> Tensor:
+    """(n * K, T, D) -> (n, K * T, D): each sentence's K beams (rows i * K + j) become K * T
+    query positions over the sentence's one memory row. Reshape the result back with the
+    queries' shape."""
+    return queries.reshape(sentences, -1, queries.size(-1))

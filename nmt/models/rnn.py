@@ -21,6 +21,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from nmt.attention import build_scorer
 from nmt.data.tokenizer import PAD
 from nmt.errors import NMTError
+from nmt.models.base import beams_as_queries
 
 RNN_TYPES = {"gru": (nn.GRU, nn.GRUCell), "lstm": (nn.LSTM, nn.LSTMCell)}
 
@@ -89,14 +90,15 @@ class RNNModel(nn.Module):
     ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor], Tensor | None]:
         """One decoder step: (B, E) previous embedding -> t_i (B, E), new state, attn (B, S)."""
         query = (state[0] if self.is_lstm else state).unsqueeze(1)  # s_{i-1}: (B, 1, D)
-        context, attn = self.scorer.attend(
-            query, memory["keys"], memory["annotations"], memory["mask"], need_weights=need_attn
-        )
-        context = context.squeeze(1)  # c_i: (B, D)
+        n = memory["mask"].size(0)  # sentences; B = n * K beams
+        context, attn = self.scorer.attend(beams_as_queries(query, n), memory["keys"],
+                                           memory["annotations"], memory["mask"],
+                                           need_weights=need_attn)  # (n, K, D), (n, K, S)
+        context = context.reshape(query.size(0), -1)  # c_i: (B, D)
         state = self.cell(torch.cat([prev_emb, context], dim=-1), state)
         s = state[0] if self.is_lstm else state
         t = torch.tanh(self.deep_out(torch.cat([self.drop(s), context, prev_emb], dim=-1)))
-        return self.drop(t), state, attn.squeeze(1) if attn is not None else None
+        return self.drop(t), state, attn.flatten(0, 1) if attn is not None else None  # (B, S)
 
     def _logits(self, t: Tensor) -> Tensor:
         return F.linear(t, self.embed.weight, self.out_bias)  # tied output layer
@@ -129,4 +131,4 @@ class RNNModel(nn.Module):
     def decode_step(self, prev: Tensor, state, memory, need_attn: bool = False):
         """(B,) previous tokens -> log-probs (B, V), new state, attention (B, S) or None."""
         t, state, attn = self._step(self.embed(prev), state, memory, need_attn)
-        return torch.log_softmax(self._logits(t), dim=-1), state, attn
+        return torch.log_softmax(self._logits(t).float(), dim=-1), state, attn  # fp32 scores

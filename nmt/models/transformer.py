@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from nmt.attention import MultiHeadAttention
 from nmt.data.tokenizer import PAD
+from nmt.models.base import beams_as_queries
 
 
 def sinusoids(length: int, dim: int) -> Tensor:
@@ -94,8 +95,12 @@ class DecoderLayer(nn.Module):
             return self.self_attn(h, (keys, values), self_mask)[0]
 
         def cross_attend(h: Tensor) -> Tensor:
-            out, cached["attn"] = self.cross_attn(h, cross_kv, src_mask, need_attn)
-            return out
+            n, (rows, t, _) = src_mask.size(0), h.shape  # n sentences, rows = n * K beams
+            out, attn = self.cross_attn(beams_as_queries(h, n), cross_kv, src_mask, need_attn)
+            if attn is not None:  # (n, H, K * T, S) -> (n * K, H, T, S)
+                attn = attn.unflatten(2, (rows // n, t)).transpose(1, 2).flatten(0, 1)
+            cached["attn"] = attn
+            return out.reshape(h.shape)
 
         x = self.res_self(x, self_attend)
         x = self.res_cross(x, cross_attend)
@@ -186,4 +191,4 @@ class TransformerModel(nn.Module):
         logits, caches, attn = self._decode(x, memory, None, state["layers"], need_attn)
         state = {"step": state["step"] + 1, "layers": caches}
         attn = attn.squeeze(3) if attn is not None else None  # (B, L, H, S)
-        return torch.log_softmax(logits.squeeze(1), dim=-1), state, attn
+        return torch.log_softmax(logits.squeeze(1).float(), dim=-1), state, attn  # fp32 scores
