@@ -126,9 +126,12 @@ def cell_overrides(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]
             f"model.attention={cell.attention}", f"seed={cell.seed}"]
 
 
-# Options that cannot change a cell's record: naming and display, and the decoding precision
-# (``finish_cell`` decodes every cell in fp32, so records compare across machines).
-NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar",), "decoding": ("precision",)}
+# Options that cannot change a cell's record: naming and display, how the corpus is read (the
+# same pairs either way), and the decoding precision (``finish_cell`` decodes every cell in
+# fp32, so records compare across machines). Keeping them out of the key keeps recorded cells
+# valid when such an option is added.
+NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar",),
+              "data": ("hub_streaming",), "decoding": ("precision",)}
 
 
 def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:

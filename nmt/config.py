@@ -26,6 +26,7 @@ class DataConfig:
     data_dir: str = "data"
     hub_dataset: str | None = None  # e.g. "wmt14"; multi30k defaults to bentrevett/multi30k
     hub_config: str | None = None  # e.g. "de-en" for wmt14
+    hub_streaming: bool = False  # stream the Hub dataset (read twice) instead of downloading it
     train_files: list[str] | None = None  # [source file, target file]: plain text, one per line
     val_files: list[str] | None = None
     test_files: list[str] | None = None

@@ -185,3 +185,23 @@ def test_cost_is_benched_per_scorer_and_tabled(study, capsys):
     assert run("a", "--tables-only") == 0
     table = (out / "a" / "compare.md").read_text()
     assert "### cost" in table and "| transformer | scaled_dot |" in table.split("### cost")[1]
+
+
+def test_committed_study_records_still_match_their_cells():
+    """The published study accumulates over many sessions: each committed record must keep
+    the key its cell resolves to now, or ``nmt compare --preset study`` would retrain it. A new
+    option must keep the resolved configuration of existing cells, or be listed in NOT_IN_KEY
+    when it cannot change a record."""
+    from nmt import compare
+
+    cfg = compare.load_compare_config(str(REPO / "configs" / "compare.yaml"))
+    cells = {cell.name: cell for cell in compare.cells_of(cfg, "study", None)}
+    records = sorted((REPO / "study" / "study" / "cells").glob("*/record.json"))
+    if not records:
+        pytest.skip("no study record committed yet")
+    for path in records:
+        record = json.loads(path.read_text())
+        cell = cells[record["name"]]
+        overrides = compare.cell_overrides(cfg, "study", cell, [])
+        key, _ = compare.cell_key(str(REPO / cfg.families[cell.family]), overrides)
+        assert key == record["key"], f"{record['name']}: its configuration changed"

@@ -120,6 +120,36 @@ def test_cache_key_covers_inputs_and_options(tmp_path, change):
         assert load_corpus(cfg)["val"][0]["tgt"] == split_text(second, "val")
 
 
+def _hub_folder(folder: Path, files: dict) -> Path:
+    """The write_corpus files as a dataset folder in the Hub's layout: {train,validation}.jsonl
+    of {"translation": {"de": ..., "en": ...}}, which ``datasets.load_dataset`` reads offline."""
+    folder.mkdir(parents=True)
+    for split, name in (("train", "train"), ("val", "validation")):
+        sides = [Path(path).read_text(encoding="utf-8").splitlines() for path in files[split]]
+        rows = [json.dumps({"translation": {"de": s, "en": t}}) for s, t in zip(*sides)]
+        (folder / f"{name}.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):
+    """data.hub_streaming reads the dataset as a stream, twice (sample, encode), and ends with
+    the ids the downloaded dataset and the same pairs as text files give."""
+    files = write_corpus(tmp_path)
+    hub = _hub_folder(tmp_path / "hub", files)
+    folders = {}
+    for streaming in (True, False):
+        cfg = DataConfig(data_dir=str(tmp_path / f"data{streaming}"), hub_dataset=str(hub),
+                         hub_streaming=streaming, vocab_size=120)
+        folders[streaming] = prepare(cfg)
+    text = DataConfig(data_dir=str(tmp_path / "text"), train_files=files["train"],
+                      val_files=files["val"], vocab_size=120)
+    folders["text"] = prepare(text)
+    ids = {k: [load_side(f, "train", lang).ids.tolist() for lang in ("de", "en")]
+           for k, f in folders.items()}
+    assert ids[True] == ids[False] == ids["text"] and len(ids[True][0]) > 300
+    assert json.loads((folders[True] / "meta.json").read_text())["pairs"]["train"] == 300
+
+
 def split_text(folder, split) -> str:
     """The first target sentence of a prepared split, decoded."""
     from nmt.data.tokenizer import Tokenizer

@@ -5,7 +5,9 @@ Three sources, tried in this order:
 2. unless ``data.hub_dataset`` is set, a local folder in the Multi30k layout:
    ``<data_dir>/<corpus>/{train,val,test_2016_flickr}.<lang>[.gz]``;
 3. a Hugging Face Hub dataset (``bentrevett/multi30k`` for multi30k, or ``data.hub_dataset``),
-   either with one column per language or with a ``translation`` column of {lang: text}.
+   either with one column per language or with a ``translation`` column of {lang: text};
+   downloaded into the datasets cache, or with ``data.hub_streaming`` read as a stream (WMT
+   size: nothing is stored but the prepared ids).
 
 A line of a text file ends at ``\\n`` and nowhere else, as in ``nmt translate``; one ``\\r``
 before the ``\\n`` (Windows line ends) is dropped. Any other line break inside a line (``\\r``,
@@ -18,6 +20,7 @@ from __future__ import annotations
 import gzip
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -46,7 +49,22 @@ LINE_BREAKS = {
 _LINE_BREAK = re.compile("[" + "".join(LINE_BREAKS) + "]")
 CHUNK_BYTES = 1 << 24  # read text 16 MiB at a time: memory stays flat however big the file
 
-Source = tuple[str, str] | datasets.Dataset  # two aligned text files, or a {src, tgt} dataset
+
+
+@dataclass(frozen=True)
+class HubStream:
+    """A Hub split read as a stream: ``nmt prepare`` reads it twice (SentencePiece's sample,
+    then the encoding) and never stores it whole. The cache knows it by name, configuration,
+    split and version: a stream has no fingerprint of its content."""
+
+    name: str
+    config: str | None
+    split: str
+    rows: datasets.IterableDataset  # columns {src, tgt}
+
+
+# Two aligned text files, a {src, tgt} dataset, or a {src, tgt} stream.
+Source = tuple[str, str] | datasets.Dataset | HubStream
 
 
 def split_sources(cfg: DataConfig) -> dict[str, Source]:
@@ -60,7 +78,12 @@ def split_sources(cfg: DataConfig) -> dict[str, Source]:
 
 def read_pairs(source: Source, limit: int | None = None) -> Iterator[tuple[list[str], list[str]]]:
     """Aligned chunks (sources, targets) of a split, at most ``limit`` pairs in all."""
-    chunks = _dataset_chunks(source) if isinstance(source, datasets.Dataset) else _file_pairs(*source)
+    if isinstance(source, HubStream):
+        chunks = _dataset_chunks(source.rows)
+    elif isinstance(source, datasets.Dataset):
+        chunks = _dataset_chunks(source)
+    else:
+        chunks = _file_pairs(*source)
     left = limit if limit is not None else float("inf")
     for src, tgt in chunks:
         if left < len(src):
@@ -159,16 +182,20 @@ def _file_pairs(src_path: str, tgt_path: str) -> Iterator[tuple[list[str], list[
                        "the two sides of a corpus must align line by line")
 
 
-def _dataset_chunks(split: datasets.Dataset) -> Iterator[tuple[list[str], list[str]]]:
+def _dataset_chunks(split: datasets.Dataset | datasets.IterableDataset
+                    ) -> Iterator[tuple[list[str], list[str]]]:
     for rows in split.iter(batch_size=10_000):
         yield rows["src"], rows["tgt"]
 
 
 def source_identity(source: Source) -> list:
     """What identifies a split's content for the cache: each file's path, size and
-    modification time, or a Hub dataset's fingerprint."""
+    modification time, a Hub dataset's fingerprint, or a stream's name and version."""
     if isinstance(source, datasets.Dataset):
         return [source._fingerprint]
+    if isinstance(source, HubStream):
+        info = source.rows.info
+        return [f"stream {source.name} {source.config} {source.split} {info.version} {info.dataset_size}"]
     stats = [(Path(p).resolve(), Path(p).stat()) for p in source]
     return [(str(path), st.st_size, st.st_mtime_ns) for path, st in stats]
 
@@ -222,7 +249,7 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
             "and no data.hub_dataset given; point data.train_files/data.val_files at local files"
         )
     try:
-        hub = datasets.load_dataset(name, cfg.hub_config)
+        hub = datasets.load_dataset(name, cfg.hub_config, streaming=cfg.hub_streaming)
     except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise NMTError(
@@ -234,15 +261,17 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
     for split, names in HUB_SPLITS.items():
         found = next((n for n in names if n in hub), None)
         if found is not None:
-            corpus[split] = _hub_pairs(hub[found], cfg.src_lang, cfg.tgt_lang, name)
+            rows = _hub_pairs(hub[found], cfg.src_lang, cfg.tgt_lang, name)
+            corpus[split] = HubStream(name, cfg.hub_config, found, rows) if cfg.hub_streaming else rows
     if "train" not in corpus or "val" not in corpus:
         raise NMTError(f"Hub dataset '{name}' lacks a train or validation split: {list(hub)}")
     return corpus
 
 
-def _hub_pairs(split: datasets.Dataset, src: str, tgt: str, name: str) -> datasets.Dataset:
-    """Bring a Hub split to columns {src, tgt}: from per-language columns or ``translation``."""
-    columns = split.column_names
+def _hub_pairs(split, src: str, tgt: str, name: str):
+    """Bring a Hub split (a ``Dataset``, or an ``IterableDataset`` when streamed) to columns
+    {src, tgt}: from per-language columns or ``translation``."""
+    columns = split.column_names or list(next(iter(split)))  # a stream may not declare them
     if src in columns and tgt in columns:
         return split.select_columns([src, tgt]).rename_columns({src: "src", tgt: "tgt"})
     if "translation" in columns:
