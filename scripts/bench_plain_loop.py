@@ -110,8 +110,8 @@ def main() -> None:
                 print(f"{path} {name}: {result['tgt_tok_per_s']} tgt tok/s "
                       f"({result['precision']})", flush=True)
                 runs[name].append(result)
-        plain = statistics.median(r["tgt_tok_per_s"] for r in runs["plain"])
-        fast = statistics.median(r["tgt_tok_per_s"] for r in runs["ours"])
+        plain = round(statistics.median(r["tgt_tok_per_s"] for r in runs["plain"]), 1)
+        fast = round(statistics.median(r["tgt_tok_per_s"] for r in runs["ours"]), 1)
         summary.append({"config": path, "plain_tgt_tok_per_s": plain, "ours_tgt_tok_per_s": fast,
                         "speedup": round(fast / plain, 2),
                         "ours_precision": runs["ours"][0]["precision"],
