@@ -154,7 +154,7 @@ def _decode_row(translator, engine: str, corpus: dict, beam: int) -> dict:
     precision = "float32" if engine == "ctranslate2" else translator.precision.precision
     return {"engine": engine, "precision": precision,
             "mode": f"beam{beam}" if beam > 1 else "greedy", "beam": beam,
-            "seconds": round(seconds, 2),
+            "seconds": round(seconds, 3),
             "sent_per_s": round(len(sources) / seconds, 1),
             "tok_per_s": round(tokens / seconds, 1),
             "avg_output_len": round(tokens / len(sources), 2),
@@ -168,26 +168,27 @@ def _recompute_row(translator: Translator, sources: list[str]) -> dict:
     start = time.perf_counter()
     for batch in loader:
         with translator.autocast_context():
-            greedy_recompute(translator.model, batch.src, batch.src_mask,
+            greedy_recompute(translator.model, batch.src.to(translator.device),
+                             batch.src_mask.to(translator.device),
                              translator.config.decoding.max_len_ratio)
     seconds = time.perf_counter() - start
     return {"engine": "torch", "precision": translator.precision.precision,
             "mode": "greedy_recompute", "beam": 1,
-            "seconds": round(seconds, 2), "sent_per_s": round(len(sources) / seconds, 1)}
+            "seconds": round(seconds, 3), "sent_per_s": round(len(sources) / seconds, 1)}
 
 
 def _speed_ratios(rows: list[dict], first: str) -> dict:
-    """Ratios of the rows' sentences/s: each mode's cost against greedy, and each other
-    (engine, precision) against torch at the ``first`` precision, mode by mode."""
-    base = {r["mode"]: r for r in rows if (r["engine"], r["precision"]) == ("torch", first)}
+    """Time ratios of the rows (all decode the same sentences): each mode's cost against
+    greedy, and the speed-up of each other (engine, precision) over torch at the ``first``
+    precision, mode by mode."""
+    base = {r["mode"]: r["seconds"] for r in rows if (r["engine"], r["precision"]) == ("torch", first)}
     ratios = {}
     if "greedy" in base:
-        ratios["beam_cost_vs_greedy"] = {m: round(base["greedy"]["sent_per_s"] / r["sent_per_s"], 2)
-                                         for m, r in base.items()}
+        ratios["beam_cost_vs_greedy"] = {m: round(s / base["greedy"], 2) for m, s in base.items()}
     for r in rows:
         if r["mode"] in base and (r["engine"], r["precision"]) != ("torch", first):
             key = f"{r['engine']}_{r['precision']}_speedup"
-            ratios.setdefault(key, {})[r["mode"]] = round(r["sent_per_s"] / base[r["mode"]]["sent_per_s"], 2)
+            ratios.setdefault(key, {})[r["mode"]] = round(base[r["mode"]] / r["seconds"], 2)
     return ratios
 
 
@@ -206,9 +207,12 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
     with tempfile.TemporaryDirectory() as tmp:
         decoders = []  # (engine, translator)
         for engine in engines:
-            if engine == "torch":
-                decoders += [(engine, Translator(translator.model, translator.tokenizer,
-                                                 translator.config, p)) for p in precisions]
+            if engine == "torch":  # one per precision they resolve to: auto may be 32-true
+                chosen = {}
+                for p in precisions:
+                    decoder = Translator(translator.model, translator.tokenizer, translator.config, p)
+                    chosen.setdefault(decoder.precision.precision, decoder)
+                decoders += [(engine, decoder) for decoder in chosen.values()]
             else:
                 from nmt.export import CTranslate2Translator, export_ctranslate2
 

@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 from nmt.allocator import keep_freed_memory
+from nmt.config import DECODING_PRECISIONS
 from nmt.errors import NMTError
 from nmt.files import write_atomic
-
-PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")  # for decoding (see nmt.precision)
 
 # Named training flags -> the config key they set.
 TRAIN_FLAGS = {
@@ -169,8 +168,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     hyps = [h[0].text for h in translator.translate(list(sources), beam, 1, args.alpha)]
     scores = score_corpus(hyps, list(references))
     scores.update(split=args.split, beam=beam)
+    if args.engine == "torch":
+        scores.update(precision=translator.precision.precision)
     out = Path(args.checkpoint) / "eval"
-    name = f"{args.split}.beam{beam}" + (f".{Path(args.weights).stem}" if args.weights else "")
+    name = (f"{args.split}.beam{beam}" + (f".{Path(args.weights).stem}" if args.weights else "")
+            + (f".{args.precision}" if args.precision else ""))
     write_atomic(out / f"{name}.hyp", "".join(h + "\n" for h in hyps))
     write_atomic(out / f"{name}.json", json.dumps(scores, indent=2) + "\n")
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
@@ -240,9 +242,10 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
     else:
         beams = [int(b) for b in args.beam.split(",")]
         precisions = tuple(args.precision.split(","))
-        unknown = [p for p in precisions if p not in PRECISIONS]
+        unknown = [p for p in precisions if p not in DECODING_PRECISIONS]
         if unknown:
-            raise NMTError(f"unknown precision '{unknown[0]}'; choose from: {', '.join(PRECISIONS)}")
+            raise NMTError(f"unknown precision '{unknown[0]}'; choose from: "
+                           f"{', '.join(DECODING_PRECISIONS)}")
         summary = bench.bench_decode(args.checkpoint, beams, args.split, args.limit,
                                      engines=tuple(args.engine.split(",")), precisions=precisions)
         print_table(summary["rows"])
@@ -283,7 +286,7 @@ def parser() -> argparse.ArgumentParser:
                        help="torch | ctranslate2 (--checkpoint: a folder from nmt export)")
         p.add_argument("--weights", help="checkpoint file in the run directory (or a path) "
                                          "instead of best.ckpt, e.g. averaged.ckpt")
-        p.add_argument("--precision", choices=PRECISIONS,
+        p.add_argument("--precision", choices=DECODING_PRECISIONS,
                        help="decoding precision (default: the run's decoding.precision, auto)")
     translate = sub.choices["translate"]
     translate.add_argument("--input", help="input file (default stdin)")
@@ -353,7 +356,8 @@ def parser() -> argparse.ArgumentParser:
     bench_decode.add_argument("--engine", default="torch",
                               help="comma-separated: torch, ctranslate2 (the run exported in float32)")
     bench_decode.add_argument("--precision", default="auto",
-                              help="comma-separated torch decoding precisions: " + ", ".join(PRECISIONS))
+                              help="comma-separated torch decoding precisions: "
+                              + ", ".join(DECODING_PRECISIONS))
     bench_data = what.add_parser("data", help="prepare and training start-up on a synthetic "
                                  "corpus of N pairs", epilog="Config keys: --section.key VALUE.")
     bench_data.add_argument("--pairs", type=int, default=100_000)

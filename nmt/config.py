@@ -76,13 +76,17 @@ class TrainerConfig:
     keep_last_checkpoints: int = 0  # > 0: keep the last N validation checkpoints for nmt average
 
 
+DECODING_PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")
+
+
 @dataclass
 class DecodingConfig:
     beam_size: int = 5
     alpha: float = 0.6  # GNMT length penalty exponent; 0 = none
     max_len_ratio: float = 1.5  # output may be up to ratio * source length + 5 pieces
     nbest: int = 1
-    # auto: what trainer.precision resolves to (bf16 where measured faster), or 32-true / bf16-mixed
+    # auto: bf16 where measured faster on the decoding device (as trainer.precision: auto), else
+    # fp32; or 32-true, bf16-mixed, 16-mixed
     precision: str = "auto"
 
 

@@ -75,7 +75,7 @@ def greedy_search(
         log_probs, state, _ = model.decode_step(prev, state, memory)
         restrict(log_probs, step >= max_lens[alive] - 1)
         best, prev = log_probs.max(-1)  # (n,) each
-        scores.index_add_(0, alive, best.float())
+        scores.index_add_(0, alive, best)
         tokens[alive, step] = prev
         running = prev != EOS
         if not running.all():  # drop the finished rows from the batch and its state
@@ -118,7 +118,7 @@ def beam_search(
         log_probs = restrict(log_probs.view(len(alive), width, -1), step >= max_lens[alive] - 1)
         top_scores, source_rows, token = top_candidates(log_probs, scores, k)  # (n, C) each
         if need_attn:
-            attn_rows.append(attn)
+            attn_rows.append(attn.float())  # fp32 for callers, also under bf16 autocast
         finished.add(alive, token, top_scores, source_rows, prefix, attn_rows)
 
         # Continue with the best K candidates that did not end, in sentences not done.

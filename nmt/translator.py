@@ -165,6 +165,6 @@ class Translator:
                                   self.tokenizer.pieces(hyp.tokens), log_prob=hyp.log_prob,
                                   length_penalty=hyp.penalty)
         if hyp.attention is not None:
-            translation.attention = hyp.attention[..., : len(src_ids) + 1].float()
+            translation.attention = hyp.attention[..., : len(src_ids) + 1]
             translation.source = self.tokenizer.pieces(src_ids) + [EOS_PIECE]
         return translation

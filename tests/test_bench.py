@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from nmt.attention import SCORERS
 from nmt.bench import growth_exponent
 from nmt.cli import main
+from nmt.translator import Translator
 
 from .conftest import tiny_options, tiny_train_args, write_corpus
 
@@ -61,6 +63,23 @@ def test_bench_decode(tiny, capsys):
                     ("bf16-mixed", "beam3"), ("32-true", "greedy_recompute")]
     assert all(0 <= r["bleu"] <= 100 for r in summary["rows"][:4])
     assert summary["sentences"] == 10 and summary["beam_cost_vs_greedy"]["greedy"] == 1.0
-    assert set(summary["torch_bf16-mixed_speedup"]) == {"greedy", "beam3"}
+    seconds = {(r["precision"], r["mode"]): r["seconds"] for r in summary["rows"]}
+    for mode in ("greedy", "beam3"):
+        assert summary["torch_bf16-mixed_speedup"][mode] == pytest.approx(
+            seconds["32-true", mode] / seconds["bf16-mixed", mode], abs=0.006)
     assert main(["bench", "decode", "--checkpoint", str(run), "--precision", "fp8"]) == 1
     assert "unknown precision 'fp8'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32)])
+def test_decoding_runs_in_the_chosen_precision(tiny, precision, dtype):
+    """The model's layers really compute in the decoding precision; scores stay floats."""
+    _, run = tiny
+    translator = Translator.from_run_dir(run, "cpu", precision=precision)
+    layer = next(m for m in translator.model.modules() if isinstance(m, torch.nn.Linear))
+    seen = []
+    hook = layer.register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
+    hyps = translator.translate(["haus mann", "katze"], beam_size=2)
+    hook.remove()
+    assert seen and set(seen) == {dtype}
+    assert all(isinstance(h[0].score, float) for h in hyps)

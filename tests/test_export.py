@@ -41,7 +41,7 @@ def test_export_writes_model_beside_tokenizer_and_config(exported):
 
 
 def test_float32_greedy_equals_ours(run, exported, sources):
-    ours = Translator.from_run_dir(run, "cpu").translate(sources, beam_size=1)
+    ours = Translator.from_run_dir(run, "cpu", precision="32-true").translate(sources, beam_size=1)
     theirs = CTranslate2Translator(exported).translate(sources, beam_size=1)
     same = sum(a[0].text == b[0].text for a, b in zip(ours, theirs))
     assert same >= 0.99 * len(sources), f"{same} of {len(sources)} lines equal"
@@ -50,7 +50,7 @@ def test_float32_greedy_equals_ours(run, exported, sources):
 def test_float32_attention_matches_ours(run, exported, sources):
     """Each decoding step's cross-attention (last layer, mean over heads) agrees."""
     lines = sources[:8]
-    ours = Translator.from_run_dir(run, "cpu").translate(lines, 1, need_attn=True)
+    ours = Translator.from_run_dir(run, "cpu", precision="32-true").translate(lines, 1, need_attn=True)
     theirs = CTranslate2Translator(exported).translate(lines, 1, need_attn=True)
     for (a,), (b,) in zip(ours, theirs):
         assert a.pieces == b.pieces and a.source == b.source
@@ -61,7 +61,7 @@ def test_beam_attention_belongs_to_each_sentence(run, exported, sources):
     """With beam search too, a sentence's attention is its own: the first step (from BOS,
     the same in every search) equals ours for sentences of different lengths decoded together."""
     lines = sources[:6]
-    ours = Translator.from_run_dir(run, "cpu").translate(lines, 3, need_attn=True)
+    ours = Translator.from_run_dir(run, "cpu", precision="32-true").translate(lines, 3, need_attn=True)
     theirs = CTranslate2Translator(exported).translate(lines, 3, need_attn=True)
     for (a, *_), (b, *_) in zip(ours, theirs):
         torch.testing.assert_close(b.attention[0], attention_matrix(a.attention)[0], atol=1e-4, rtol=1e-3)
@@ -72,7 +72,7 @@ def test_float32_log_probs_match_ours(run, exported, corpus):
     whole network (embeddings, positions, every layer, final norms, tied output layer)."""
     _, files = corpus
     src, tgt = ([line.strip() for line in open(files["test"][i], encoding="utf-8")][:10] for i in (0, 1))
-    translator = Translator.from_run_dir(run, "cpu")
+    translator = Translator.from_run_dir(run, "cpu", precision="32-true")
     tokenizer = translator.tokenizer
     src_ids, tgt_ids = tokenizer.encode(src), tokenizer.encode(tgt)
     batch = collate(list(zip(range(len(src)), src_ids, tgt_ids)))
@@ -90,18 +90,19 @@ def test_translate_cli_with_ctranslate2_engine(run, exported, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("haus mann\n\nkatze blau im park\n", encoding="utf-8")
     outputs = []
-    for engine, model in (("torch", run), ("ctranslate2", exported)):
+    for engine, model, fp32 in (("torch", run, ["--precision", "32-true"]), ("ctranslate2", exported, [])):
         assert main(["translate", "--checkpoint", str(model), "--engine", engine,
-                     "--input", str(source), "--beam", "1"]) == 0
+                     "--input", str(source), "--beam", "1", *fp32]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and outputs[1].count("\n") == 3
 
 
 def test_evaluate_with_ctranslate2_engine_scores_as_ours(run, exported):
     bleu = []
-    for engine, model in (("torch", run), ("ctranslate2", exported)):
-        assert main(["evaluate", "--checkpoint", str(model), "--engine", engine, "--beam", "1"]) == 0
-        bleu.append(json.loads((model / "eval" / "test.beam1.json").read_text())["bleu"])
+    for engine, model, fp32 in (("torch", run, ["--precision", "32-true"]), ("ctranslate2", exported, [])):
+        assert main(["evaluate", "--checkpoint", str(model), "--engine", engine, "--beam", "1", *fp32]) == 0
+        name = "test.beam1.32-true.json" if fp32 else "test.beam1.json"
+        bleu.append(json.loads((model / "eval" / name).read_text())["bleu"])
     assert bleu[0] == bleu[1]
 
 

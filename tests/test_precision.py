@@ -7,6 +7,7 @@ import torch
 
 from nmt import precision
 from nmt.config import load_config
+from nmt.errors import NMTError
 
 from .conftest import reversal_batch, tiny_model
 
@@ -74,14 +75,14 @@ def test_training_precision_uses_the_model_shapes(cache, monkeypatch, capsys):
     assert "precision: bf16-mixed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("trainer, decoding, given, chosen", [
-    ("32-true", "auto", None, "32-true"),  # auto decodes as the run trains
-    ("auto", "auto", None, "bf16-mixed"),  # ... measured (bf16 faster here)
-    ("auto", "32-true", None, "32-true"),  # the config's decoding.precision
-    ("32-true", "auto", "bf16-mixed", "bf16-mixed"),  # --precision wins
+@pytest.mark.parametrize("trainer, decoding, given, bf16_time, chosen", [
+    ("32-true", "auto", None, 0.5, "bf16-mixed"),  # auto measures here, whatever the run trained in
+    ("bf16-mixed", "auto", None, 2.0, "32-true"),  # ... so bf16 runs decode in fp32 where bf16 is slow
+    ("auto", "32-true", None, 0.5, "32-true"),  # the config's decoding.precision
+    ("auto", "auto", "32-true", 0.5, "32-true"),  # --precision wins
 ])
-def test_decoding_precision(cache, monkeypatch, trainer, decoding, given, chosen):
-    fake_timing(monkeypatch, 1.0, 0.5)
+def test_decoding_precision(cache, monkeypatch, trainer, decoding, given, bf16_time, chosen):
+    fake_timing(monkeypatch, 1.0, bf16_time)
     config = load_config("configs/transformer.yaml",
                          [f"trainer.precision={trainer}", f"decoding.precision={decoding}"])
     choice = precision.decoding_precision(config, "cpu", given)
@@ -89,10 +90,17 @@ def test_decoding_precision(cache, monkeypatch, trainer, decoding, given, chosen
     assert precision.autocast_dtype(choice) == (torch.bfloat16 if chosen == "bf16-mixed" else None)
 
 
-def test_bf16_decoding_keeps_scores_in_fp32():
+def test_unknown_decoding_precision_is_an_error():
+    config = load_config("configs/transformer.yaml", ["decoding.precision=fp16"])
+    with pytest.raises(NMTError, match="unknown decoding precision 'fp16'"):
+        precision.decoding_precision(config, "cpu")
+
+
+@pytest.mark.parametrize("family", ["rnn", "transformer"])
+def test_bf16_decoding_keeps_scores_in_fp32(family):
     """Under bf16 autocast the models still return fp32 log-probabilities, so beam scores
     add up without bf16 rounding."""
-    model = tiny_model("transformer", "scaled_dot", vocab=30, seed=3).eval()
+    model = tiny_model(family, "scaled_dot", vocab=30, seed=3).eval()
     b = reversal_batch(random.Random(0), 4)
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         memory = model.encode(b.src, b.src_mask)

@@ -115,6 +115,23 @@ def test_output_length_is_bounded_by_ratio():
     assert len(greedy[0].tokens) <= 4 + 5 - 1
 
 
+@pytest.mark.parametrize("family", ["rnn", "transformer"])
+def test_beam_attention_is_each_sentences_own(family, random_batch):
+    """Beams attend as query positions of their sentence's one memory row: each hypothesis'
+    attention (every step, layer and head) equals that of the sentence decoded alone."""
+    model = _model(family, "scaled_dot")
+    b = random_batch
+    together = beam_search(model, b.src, b.src_mask, beam_size=3, nbest=3, need_attn=True)
+    for i in range(b.src.size(0)):
+        length = int(b.src_mask[i].sum())
+        alone = beam_search(model, b.src[i : i + 1, :length], b.src_mask[i : i + 1, :length],
+                            beam_size=3, nbest=3, need_attn=True)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
+        for x, y in zip(alone, together[i]):
+            torch.testing.assert_close(y.attention[..., :length], x.attention, atol=1e-5, rtol=1e-4)
+            assert torch.all(y.attention[..., length:] == 0)
+
+
 def test_beam_attention_rows_match_tokens(random_batch):
     model = _model("rnn", "additive")
     b = random_batch

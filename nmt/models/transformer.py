@@ -95,10 +95,10 @@ class DecoderLayer(nn.Module):
             return self.self_attn(h, (keys, values), self_mask)[0]
 
         def cross_attend(h: Tensor) -> Tensor:
-            n, (rows, t, _) = src_mask.size(0), h.shape  # n sentences, rows = n * K beams
+            n = src_mask.size(0)  # sentences; h holds K = h.size(0) // n beams of each
             out, attn = self.cross_attn(beams_as_queries(h, n), cross_kv, src_mask, need_attn)
             if attn is not None:  # (n, H, K * T, S) -> (n * K, H, T, S)
-                attn = attn.unflatten(2, (rows // n, t)).transpose(1, 2).flatten(0, 1)
+                attn = attn.unflatten(2, (h.size(0) // n, h.size(1))).transpose(1, 2).flatten(0, 1)
             cached["attn"] = attn
             return out.reshape(h.shape)
 
