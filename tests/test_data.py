@@ -393,3 +393,29 @@ def test_empty_training_corpus_is_a_clear_error(tmp_path):
                      str(tmp_path / "b")], val_files=[str(tmp_path / "c"), str(tmp_path / "d")])
     with pytest.raises(NMTError, match="SentencePiece training failed"):
         prepare(cfg)
+
+
+def test_under_ddp_only_local_rank_0_prepares(tmp_path, monkeypatch):
+    """A local rank > 0 (started first, as torchrun may) waits for rank 0's folder and reads
+    it; it never prepares. Alone, it gives up with a clear error."""
+    import subprocess
+    import sys
+
+    files = write_corpus(tmp_path)
+    options = dict(data_dir=str(tmp_path / "data"), train_files=files["train"],
+                   val_files=files["val"], vocab_size=120)
+    code = ("import sys; from nmt.config import DataConfig; from nmt.data.prepare import prepare; "
+            f"print(prepare(DataConfig(**{options!r})))")
+    waiting = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "LOCAL_RANK": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folder = prepare(DataConfig(**options))  # rank 0
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0 and Path(out.strip()) == folder
+    assert "preparing" not in err
+
+    from nmt.data import prepare as prepare_module
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(prepare_module, "WAIT_SECONDS", 0)
+    with pytest.raises(NMTError, match="gave up waiting for local rank 0"):
+        prepare(DataConfig(**{**options, "vocab_size": 110}))
