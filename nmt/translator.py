@@ -90,7 +90,6 @@ class Translator:
         see ``decoding_precision``)."""
         self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
         self.precision = decoding_precision(config, self.device.type, precision)
-        self.autocast = autocast_dtype(self.precision)
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, device: str | None = None,
@@ -122,7 +121,8 @@ class Translator:
 
     def autocast_context(self) -> torch.autocast:
         """Autocast to the decoding precision (disabled at full precision)."""
-        return torch.autocast(self.device.type, self.autocast, enabled=self.autocast is not None)
+        dtype = autocast_dtype(self.precision)
+        return torch.autocast(self.device.type, dtype, enabled=dtype is not None)
 
     def translate(
         self,
