@@ -192,7 +192,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         from nmt.serve import serve
     except ImportError:
         raise NMTError('nmt serve needs LitServe: pip install -e ".[serve]"') from None
-    serve(args.checkpoint, args.host, args.port, args.engine, args.beam, args.max_batch)
+    serve(args.checkpoint, args.host, args.port, args.engine, args.beam, args.max_batch,
+          args.weights, args.precision)
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -310,6 +311,10 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--beam", type=int, default=5, help="beam size when a request names none")
     serve.add_argument("--engine", default="torch", help="torch | ctranslate2")
     serve.add_argument("--max-batch", type=int, default=32, help="requests decoded together")
+    serve.add_argument("--weights", help="checkpoint file in each run directory instead of "
+                                         "best.ckpt, e.g. averaged.ckpt")
+    serve.add_argument("--precision", choices=DECODING_PRECISIONS,
+                       help="decoding precision (default: each run's decoding.precision, auto)")
 
     export = sub.add_parser("export", help="convert a Transformer run for another inference engine")
     export.add_argument("--checkpoint", required=True, help="run directory")

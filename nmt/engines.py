@@ -11,18 +11,26 @@ from nmt.errors import NMTError
 ENGINES = ("torch", "ctranslate2")
 
 
-def load_translator(path: str, engine: str = "torch", device: str | None = None,
-                    weights: str | None = None, precision: str | None = None):
-    """A run directory (and optionally another checkpoint file of it, and a decoding
-    precision) for torch; a directory written by ``nmt export`` for ctranslate2."""
+def check_engine_options(engine: str, weights: str | None, precision: str | None) -> None:
+    """``weights`` and ``precision`` choose among a torch run's checkpoints and decoding
+    precisions; an exported model has fixed weights and its own quantization."""
     if engine == "torch":
-        from nmt.translator import Translator
-
-        return Translator.from_run_dir(path, device, weights, precision)
+        return
     if weights is not None:
         raise NMTError("--weights is for the torch engine; export those weights instead")
     if precision is not None:
         raise NMTError("--precision is for the torch engine; export with --quantization instead")
+
+
+def load_translator(path: str, engine: str = "torch", device: str | None = None,
+                    weights: str | None = None, precision: str | None = None):
+    """A run directory (and optionally another checkpoint file of it, and a decoding
+    precision) for torch; a directory written by ``nmt export`` for ctranslate2."""
+    check_engine_options(engine, weights, precision)
+    if engine == "torch":
+        from nmt.translator import Translator
+
+        return Translator.from_run_dir(path, device, weights, precision)
     if engine == "ctranslate2":
         try:
             from nmt.export import CTranslate2Translator

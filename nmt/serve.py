@@ -39,10 +39,11 @@ from starlette.exceptions import HTTPException
 
 from nmt.config import load_config
 from nmt.data.tokenizer import Tokenizer
-from nmt.engines import ENGINES, load_translator
+from nmt.engines import ENGINES, check_engine_options, load_translator
 from nmt.errors import NMTError
 from nmt.models import build_model
 from nmt.plots import EOS_PIECE, attention_matrix
+from nmt.translator import find_checkpoint
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 FIELDS = ("text", "beam", "attention", "model")
@@ -120,16 +121,19 @@ def attention_view(translation) -> dict | None:
 class TranslationAPI(litserve.LitAPI):
     """LitServe's view of our translators: decode_request -> predict (batched) -> response."""
 
-    def __init__(self, runs: dict[str, str], engine: str, default_beam: int, max_batch: int):
+    def __init__(self, runs: dict[str, str], engine: str, default_beam: int, max_batch: int,
+                 weights: str | None = None, precision: str | None = None):
         super().__init__(max_batch_size=max_batch, batch_timeout=BATCH_TIMEOUT,
                          api_path="/translate")
         self.runs, self.engine, self.default_beam = runs, engine, default_beam
+        self.weights, self.precision = weights, precision  # as translate's --weights, --precision
 
     def setup(self, device: str) -> None:
         """Load every model and translate one sentence with each, so that one-time costs
         (kernel initialisation, first allocations: seconds on a CPU) are paid before /health
         says ready, not by the first requests."""
-        self.translators = {name: load_translator(path, self.engine, device.split(":")[0])
+        self.translators = {name: load_translator(path, self.engine, device.split(":")[0],
+                                                  self.weights, self.precision)
                             for name, path in self.runs.items()}
         for translator in self.translators.values():
             translator.translate(["warm-up"], self.default_beam)
@@ -261,15 +265,21 @@ def add_page(app) -> None:
 
 
 def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
-                 max_batch: int = 32, timeout: float = 120.0) -> litserve.LitServer:
-    """A LitServer for the given run (or export) directories; ``run`` it to serve."""
+                 max_batch: int = 32, timeout: float = 120.0, weights: str | None = None,
+                 precision: str | None = None) -> litserve.LitServer:
+    """A LitServer for the given run (or export) directories; ``run`` it to serve. ``weights``
+    (a checkpoint file of each run, e.g. averaged.ckpt) and ``precision`` as for translate."""
     if engine not in ENGINES:
         raise NMTError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
+    check_engine_options(engine, weights, precision)  # now, not in a worker after start-up
     if not 1 <= beam <= MAX_BEAM:
         raise NMTError(f"--beam must be from 1 to {MAX_BEAM}, got {beam}")
     runs = served_models(paths, engine)
+    if weights is not None:  # a missing file: one line now, not an error in a worker
+        for path in runs.values():
+            find_checkpoint(Path(path), weights)
     info = [model_info(name, path, engine) for name, path in runs.items()]
-    api = TranslationAPI(runs, engine, beam, max_batch)
+    api = TranslationAPI(runs, engine, beam, max_batch, weights, precision)
     server = litserve.LitServer(api, accelerator="auto", timeout=timeout,
                                 max_payload_size=MAX_PAYLOAD,
                                 model_metadata={"models": info, "default_beam": beam})
@@ -290,7 +300,8 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: str = "torch",
-          beam: int = 5, max_batch: int = 32) -> None:
+          beam: int = 5, max_batch: int = 32, weights: str | None = None,
+          precision: str | None = None) -> None:
     """Serve until Ctrl-C or SIGTERM (either stops LitServe's worker processes too)."""
     if host not in HOSTS:
         raise NMTError(f"--host must be one of {', '.join(HOSTS)} (LitServe binds only these)")
@@ -299,7 +310,7 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
     if max_batch < 1:
         raise NMTError(f"--max-batch must be at least 1, got {max_batch}")
     check_port_free(host, port)
-    server = build_server(paths, engine, beam, max_batch)
+    server = build_server(paths, engine, beam, max_batch, weights=weights, precision=precision)
     # SIGTERM as Ctrl-C: LitServe then stops its worker processes. Its forked HTTP server
     # keeps the default, so that LitServe's own terminate() ends it quietly.
     signal.signal(signal.SIGTERM, signal.default_int_handler)

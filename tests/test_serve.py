@@ -39,7 +39,9 @@ def runs(tmp_path_factory):
     for path, seed in zip(paths, ("3", "4")):
         assert main(tiny_train_args(files, path, folder / "data") + ["--seed", seed]) == 0
     sentences = Path(files["test"][0]).read_text(encoding="utf-8").splitlines()
-    return {path.name: Translator.from_run_dir(path, "cpu") for path in paths}, paths, sentences
+    translators = {path.name: Translator.from_run_dir(path, "cpu", precision="32-true")
+                   for path in paths}
+    return translators, paths, sentences
 
 
 def free_port() -> int:
@@ -100,7 +102,8 @@ def stop_server(process) -> None:
 def server(runs, tmp_path_factory):
     _, paths, _ = runs
     log = tmp_path_factory.mktemp("log") / "serve.log"
-    process, url = start_server(["--checkpoint", *map(str, paths), "--beam", "2"], log)
+    process, url = start_server(["--checkpoint", *map(str, paths), "--beam", "2",
+                                 "--precision", "32-true", "--weights", "best.ckpt"], log)
     yield url
     stop_server(process)
     assert process.returncode == 0, log.read_text()[-2000:]
@@ -245,6 +248,8 @@ def test_web_page_translates_and_draws_heatmaps(server, runs, tmp_path):
     (["--engine", "onnx"], "unknown engine 'onnx'"),
     (["--engine", "ctranslate2"], "nmt export"),
     (["--beam", "0"], "--beam must be from 1 to 16"),
+    (["--engine", "ctranslate2", "--precision", "32-true"], "--precision is for the torch engine"),
+    (["--weights", "averaged.ckpt"], "weights file not found"),
 ])
 def test_serve_bad_options_give_one_line_error(runs, capsys, argv, message):
     _, paths, _ = runs
