@@ -257,24 +257,38 @@ def growth_exponent(lengths: list[int], values: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
+RSS_RESOLUTION_MB = 32.0  # a smaller rise of the peak RSS is the allocator's reuse, not growth
+
+
+def scorer_exponents(rows: list[dict]) -> dict[str, dict[str, float | None]]:
+    """Per scorer, the growth exponents of time and peak memory over the longer half of the
+    lengths (at least two points), where the (T, S) terms dominate fixed costs. The memory
+    exponent is None where a peak in that half is under RSS_RESOLUTION_MB: a process's peak
+    RSS does not see allocations that fit in memory it already holds."""
+    exponents = {}
+    for name in dict.fromkeys(r["scorer"] for r in rows):
+        mine = [r for r in rows if r["scorer"] == name]
+        tail = mine[-max(2, len(mine) // 2):]
+        if len(tail) < 2:
+            continue
+        lengths = [r["length"] for r in tail]
+        peaks = [r["peak_mb"] for r in tail]
+        exponents[name] = {
+            "time": round(growth_exponent(lengths, [r["ms"] for r in tail]), 2),
+            "memory": round(growth_exponent(lengths, peaks), 2)
+            if min(peaks) >= RSS_RESOLUTION_MB else None}
+    return exponents
+
+
 def bench_attention(max_len: int = 1024, batch: int = 2, heads: int = 4, head_dim: int = 32,
                     repeats: int = 3, plot: str | None = None) -> dict:
     """Each scorer alone, T = S = 16 .. max_len: time and peak memory, one process per point
-    so that each peak is its own. Exponents are fitted over the longer half of the lengths,
-    where the (T, S) terms dominate fixed costs."""
+    so that each peak is its own, and their growth exponents (``scorer_exponents``)."""
     lengths = [2**i for i in range(4, int(math.log2(max_len)) + 1)]
     jobs = [(name, n, batch, heads, head_dim, repeats) for name in SCORERS for n in lengths]
     with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
         rows = pool.starmap(_time_scorer, jobs)
-    exponents = {}
-    for name in SCORERS:
-        mine = [r for r in rows if r["scorer"] == name]
-        tail = mine[-max(2, len(mine) // 2):]  # the longer half, at least two points
-        if len(tail) > 1:
-            exponents[name] = {
-                "time": round(growth_exponent([r["length"] for r in tail], [r["ms"] for r in tail]), 2),
-                "memory": round(growth_exponent([r["length"] for r in tail],
-                                                [r["peak_mb"] for r in tail]), 2)}
+    exponents = scorer_exponents(rows)
     if plot:
         save_lines(plot, {name: ([r["length"] for r in rows if r["scorer"] == name],
                                   [r["ms"] for r in rows if r["scorer"] == name]) for name in SCORERS},

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from nmt.bench import RSS_RESOLUTION_MB, scorer_exponents
 from nmt.compare import CompareConfig, cell_overrides, cells_of
 from nmt.errors import NMTError
 from nmt.files import write_atomic
@@ -50,9 +51,8 @@ def measure_cost(cfg: CompareConfig, preset: str, out: Path, steps: int = 20, wa
     attention = _bench(["attention", "--max-len", str(max_len), "--plot", str(plot)])
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     cost = {"cpu": cpu_identity(), "measured": now, "steps": steps, "train": rows,
-            "attention": {"rows": attention["rows"], "exponents": attention["exponents"],
-                          "batch": attention["batch"], "heads": attention["heads"],
-                          "head_dim": attention["head_dim"]}}
+            "attention": {"rows": attention["rows"], "batch": attention["batch"],
+                          "heads": attention["heads"], "head_dim": attention["head_dim"]}}
     write_atomic(out / "cost.json", json.dumps(cost, indent=1) + "\n")
     return cost
 
@@ -69,7 +69,12 @@ def cost_markdown(cost: dict, rows: list[dict]) -> str:
         lines.append(f"| {r['family']} | {r['attention']} | {r['tgt_tok_per_s']} | {r['sec_per_step']} | "
                      f"{r['train_gflop_per_tgt_token']} | {r['mfu_at_precision']} | {r['peak_rss_mb']} | "
                      f"{r['precision']} | {bleu.get((r['family'], r['attention']), '-')} |")
-    exponents = cost["attention"]["exponents"]
-    lines += ["", "Scorers alone (`nmt bench attention`): time ~ length^k, memory ~ length^m: " +
-              ", ".join(f"{name} k={e['time']} m={e['memory']}" for name, e in exponents.items()), ""]
+    attention = cost["attention"]["rows"]
+    longest = max(r["length"] for r in attention)
+    peak = {r["scorer"]: r["peak_mb"] for r in attention if r["length"] == longest}
+    lines += ["", "Scorers alone (`nmt bench attention`): time ~ length^k, peak memory ~ length^m "
+              f"(m: - where the peaks are under the RSS resolution, {RSS_RESOLUTION_MB:.0f} MB); "
+              f"peak MB at length {longest}: " +
+              ", ".join(f"{name} k={e['time']} m={'-' if e['memory'] is None else e['memory']} "
+                        f"{peak[name]} MB" for name, e in scorer_exponents(attention).items()), ""]
     return "\n".join(lines) + "\n"

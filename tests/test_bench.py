@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nmt.attention import SCORERS
-from nmt.bench import growth_exponent
+from nmt.bench import growth_exponent, scorer_exponents
 from nmt.cli import main
 from nmt.translator import Translator
 
@@ -23,6 +23,16 @@ def test_growth_exponent_recovers_power_law():
     lengths = [16, 32, 64, 128]
     assert growth_exponent(lengths, [3 * n**2 for n in lengths]) == pytest.approx(2.0)
     assert growth_exponent(lengths, [5 * n for n in lengths]) == pytest.approx(1.0)
+
+
+def test_scorer_exponents_fit_the_longer_half_and_skip_memory_under_resolution():
+    rows = [{"scorer": name, "length": n, "ms": 2 * n**2, "peak_mb": mb(n)}
+            for name, mb in (("big", lambda n: n**2 / 100), ("small", lambda n: n / 100))
+            for n in (16, 32, 64, 128, 256, 512)]
+    exponents = scorer_exponents(rows)
+    assert exponents["big"]["time"] == pytest.approx(2.0)
+    assert exponents["big"]["memory"] == pytest.approx(2.0)  # 164 .. 2621 MB: measurable
+    assert exponents["small"]["memory"] is None  # 1.3 .. 5.1 MB: the allocator's noise
 
 
 def test_bench_attention(tmp_path, capsys):
