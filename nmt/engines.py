@@ -12,8 +12,10 @@ ENGINES = ("torch", "ctranslate2")
 
 
 def check_engine_options(engine: str, weights: str | None, precision: str | None) -> None:
-    """``weights`` and ``precision`` choose among a torch run's checkpoints and decoding
-    precisions; an exported model has fixed weights and its own quantization."""
+    """A known engine. ``weights`` and ``precision`` choose among a torch run's checkpoints and
+    decoding precisions; an exported model has fixed weights and its own quantization."""
+    if engine not in ENGINES:
+        raise NMTError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
     if engine == "torch":
         return
     if weights is not None:
@@ -31,10 +33,8 @@ def load_translator(path: str, engine: str = "torch", device: str | None = None,
         from nmt.translator import Translator
 
         return Translator.from_run_dir(path, device, weights, precision)
-    if engine == "ctranslate2":
-        try:
-            from nmt.export import CTranslate2Translator
-        except ImportError:
-            raise NMTError('the ctranslate2 engine needs CTranslate2: pip install -e ".[export]"') from None
-        return CTranslate2Translator(path, device)
-    raise NMTError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
+    try:  # ctranslate2
+        from nmt.export import CTranslate2Translator
+    except ImportError:
+        raise NMTError('the ctranslate2 engine needs CTranslate2: pip install -e ".[export]"') from None
+    return CTranslate2Translator(path, device)

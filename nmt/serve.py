@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException
 
 from nmt.config import load_config
 from nmt.data.tokenizer import Tokenizer
-from nmt.engines import ENGINES, check_engine_options, load_translator
+from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError
 from nmt.models import build_model
 from nmt.plots import EOS_PIECE, attention_matrix
@@ -269,8 +269,6 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
                  precision: str | None = None) -> litserve.LitServer:
     """A LitServer for the given run (or export) directories; ``run`` it to serve. ``weights``
     (a checkpoint file of each run, e.g. averaged.ckpt) and ``precision`` as for translate."""
-    if engine not in ENGINES:
-        raise NMTError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
     check_engine_options(engine, weights, precision)  # now, not in a worker after start-up
     if not 1 <= beam <= MAX_BEAM:
         raise NMTError(f"--beam must be from 1 to {MAX_BEAM}, got {beam}")
