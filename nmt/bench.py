@@ -141,24 +141,42 @@ def greedy_recompute(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_r
 WARMUP_SENTENCES = 16
 
 
-def _decode_row(translator, engine: str, corpus: dict, beam: int) -> dict:
-    """One timed pass of a translator (either engine) over the split's sources with this beam,
-    after an untimed pass over a few of them (first calls pay for allocation and thread
-    start-up), and the BLEU of what it wrote: a faster setting must not cost quality."""
+def _decode_rows(decoders: list[tuple[str, object]], beams: list[int], corpus: dict,
+                 repeat: int) -> list[dict]:
+    """Time every (engine, translator) at every beam over the split's sources, ``repeat``
+    rounds in turn, and keep each setting's fastest pass: on a shared machine the same pass
+    varies by up to 1.6x, and taking turns exposes the settings to the same noise. Each gets
+    an untimed pass over a few sentences first (first calls pay for allocation and thread
+    start-up). BLEU is of what it wrote: a faster setting must not cost quality."""
+    settings = [(engine, decoder, beam) for beam in beams for engine, decoder in decoders]
     sources = corpus["src"]
-    translator.translate(sources[:WARMUP_SENTENCES], beam_size=beam)
-    start = time.perf_counter()
-    results = translator.translate(sources, beam_size=beam)
-    seconds = time.perf_counter() - start
-    tokens = sum(len(r[0].pieces) + 1 for r in results)  # + EOS
+    for _, decoder, beam in settings:
+        decoder.translate(sources[:WARMUP_SENTENCES], beam_size=beam)
+    passes: list[list[float]] = [[] for _ in settings]
+    outputs: list[list] = [[] for _ in settings]  # each setting's translations (last pass)
+    for _ in range(repeat):
+        for seconds, output, (_, decoder, beam) in zip(passes, outputs, settings):
+            start = time.perf_counter()
+            results = decoder.translate(sources, beam_size=beam)
+            seconds.append(time.perf_counter() - start)
+            output[:] = [r[0] for r in results]
+    return [_decode_row(engine, decoder, beam, seconds, output, corpus)
+            for seconds, output, (engine, decoder, beam) in zip(passes, outputs, settings)]
+
+
+def _decode_row(engine: str, translator, beam: int, passes: list[float], results: list,
+                corpus: dict) -> dict:
+    """One row of ``bench decode``: speed of the fastest of the timed passes, and the BLEU
+    of the output."""
+    seconds, tokens = min(passes), sum(len(r.pieces) + 1 for r in results)  # + EOS
     precision = "float32" if engine == "ctranslate2" else translator.precision.precision
     return {"engine": engine, "precision": precision,
             "mode": f"beam{beam}" if beam > 1 else "greedy", "beam": beam,
-            "seconds": round(seconds, 3),
-            "sent_per_s": round(len(sources) / seconds, 1),
+            "seconds": round(seconds, 3), "slowest_pass": round(max(passes), 3),
+            "sent_per_s": round(len(corpus["src"]) / seconds, 1),
             "tok_per_s": round(tokens / seconds, 1),
-            "avg_output_len": round(tokens / len(sources), 2),
-            "bleu": round(score_corpus([r[0].text for r in results], corpus["tgt"])["bleu"], 2)}
+            "avg_output_len": round(tokens / len(corpus["src"]), 2),
+            "bleu": round(score_corpus([r.text for r in results], corpus["tgt"])["bleu"], 2)}
 
 
 def _recompute_row(translator: Translator, sources: list[str]) -> dict:
@@ -194,10 +212,10 @@ def _speed_ratios(rows: list[dict], first: str) -> dict:
 
 def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int | None = None,
                  recompute: bool = True, engines: tuple[str, ...] = ("torch",),
-                 precisions: tuple[str, ...] = ("auto",)) -> dict:
+                 precisions: tuple[str, ...] = ("auto",), repeat: int = 3) -> dict:
     """Sentences/s, generated tokens/s and BLEU of greedy and beam search over a corpus split,
     for each engine (torch: at each decoding precision; ctranslate2: the run exported in
-    float32) in turn at each beam size."""
+    float32) at each beam size; the fastest of ``repeat`` passes taken in turn."""
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         raise NMTError(f"unknown engine '{unknown[0]}'; choose from: {', '.join(ENGINES)}")
@@ -218,11 +236,11 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
 
                 ct2 = export_ctranslate2(run_dir, Path(tmp) / "ct2")
                 decoders.append((engine, CTranslate2Translator(ct2)))
-        rows = [_decode_row(decoder, engine, corpus, beam)
-                for beam in beams for engine, decoder in decoders]
+        rows = _decode_rows(decoders, beams, corpus, repeat)
     if recompute:
         rows.append(_recompute_row(translator, corpus["src"]))
     return {"bench": "decode", "run": str(run_dir), "split": split, "sentences": len(corpus["src"]),
+            "passes": repeat,
             "rows": rows, "peak_rss_mb": round(peak_rss_mb(), 1),
             **_speed_ratios(rows, translator.precision.precision)}
 

@@ -247,8 +247,11 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
         if unknown:
             raise NMTError(f"unknown precision '{unknown[0]}'; choose from: "
                            f"{', '.join(DECODING_PRECISIONS)}")
+        if args.repeat < 1:
+            raise NMTError(f"--repeat must be at least 1, got {args.repeat}")
         summary = bench.bench_decode(args.checkpoint, beams, args.split, args.limit,
-                                     engines=tuple(args.engine.split(",")), precisions=precisions)
+                                     engines=tuple(args.engine.split(",")), precisions=precisions,
+                                     repeat=args.repeat)
         print_table(summary["rows"])
     print(json.dumps(summary))
 
@@ -358,6 +361,8 @@ def parser() -> argparse.ArgumentParser:
     bench_decode.add_argument("--beam", default="1,5", help="comma-separated beam sizes")
     bench_decode.add_argument("--split", default="test")
     bench_decode.add_argument("--limit", type=int, help="first N sentences only")
+    bench_decode.add_argument("--repeat", type=int, default=3,
+                              help="timed passes per setting, taken in turn; the fastest counts")
     bench_decode.add_argument("--engine", default="torch",
                               help="comma-separated: torch, ctranslate2 (the run exported in float32)")
     bench_decode.add_argument("--precision", default="auto",

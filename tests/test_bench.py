@@ -66,19 +66,23 @@ def test_bench_train(tiny, capsys):
 def test_bench_decode(tiny, capsys):
     _, run = tiny
     assert main(["bench", "decode", "--checkpoint", str(run), "--beam", "1,3",
-                 "--split", "test", "--limit", "10", "--precision", "32-true,bf16-mixed"]) == 0
+                 "--split", "test", "--limit", "10", "--precision", "32-true,bf16-mixed",
+                 "--repeat", "2"]) == 0
     summary = last_json(capsys.readouterr().out)
     rows = [(r["precision"], r["mode"]) for r in summary["rows"]]
     assert rows == [("32-true", "greedy"), ("bf16-mixed", "greedy"), ("32-true", "beam3"),
                     ("bf16-mixed", "beam3"), ("32-true", "greedy_recompute")]
     assert all(0 <= r["bleu"] <= 100 for r in summary["rows"][:4])
     assert summary["sentences"] == 10 and summary["beam_cost_vs_greedy"]["greedy"] == 1.0
+    assert summary["passes"] == 2 and all(r["slowest_pass"] >= r["seconds"] for r in summary["rows"][:4])
     seconds = {(r["precision"], r["mode"]): r["seconds"] for r in summary["rows"]}
     for mode in ("greedy", "beam3"):
         assert summary["torch_bf16-mixed_speedup"][mode] == pytest.approx(
             seconds["32-true", mode] / seconds["bf16-mixed", mode], abs=0.006)
     assert main(["bench", "decode", "--checkpoint", str(run), "--precision", "fp8"]) == 1
     assert "unknown precision 'fp8'" in capsys.readouterr().err
+    assert main(["bench", "decode", "--checkpoint", str(run), "--repeat", "0"]) == 1
+    assert "--repeat must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("precision, dtype", [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32)])

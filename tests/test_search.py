@@ -19,6 +19,7 @@ from nmt.search import (
     length_penalty,
     max_output_lengths,
     restrict,
+    top_k,
 )
 
 from .conftest import reversal_batch, tiny_model
@@ -180,6 +181,24 @@ def test_a_hypothesis_cut_at_the_length_limit_pays_for_its_eos():
                        nbest=2)[0]
     assert [h.tokens for h in hyps] == [[], [5] * 6]
     assert [h.score for h in hyps] == pytest.approx([math.log(0.3), cut])
+
+
+@pytest.mark.parametrize("width,k", [(8000, 10), (40000, 10), (8000, 1), (300, 10), (8003, 10)])
+def test_top_k_returns_the_values_and_positions_of_torch_topk(width, k):
+    """Blockwise (widths that split into blocks) and fallback (300: too few blocks to skip;
+    8003: no whole blocks) alike; rows with -inf (restricted tokens) and with the top k
+    crowded into one block."""
+    torch.manual_seed(width + k)
+    x = torch.randn(6, width)
+    x[1, : width // 2] = float("-inf")
+    x[2, 5 : 5 + k] += 100.0  # all of the top k in one block
+    x[3] = float("-inf")
+    x[3, EOS] = -2.0  # a row that must end: one finite value
+    values, positions = top_k(x, k)
+    expected = x.topk(k, dim=-1).values
+    assert torch.equal(values, expected)
+    assert torch.equal(x.gather(1, positions), values)  # positions point at those values
+    assert all(len(set(row)) == k for row in positions.tolist())
 
 
 def test_a_longer_hypothesis_that_overtakes_by_its_length_penalty_is_found():
