@@ -25,14 +25,16 @@ def check_engine_options(engine: str, weights: str | None, precision: str | None
 
 
 def load_translator(path: str, engine: str = "torch", device: str | None = None,
-                    weights: str | None = None, precision: str | None = None):
-    """A run directory (and optionally another checkpoint file of it, and a decoding
-    precision) for torch; a directory written by ``nmt export`` for ctranslate2."""
+                    weights: str | None = None, precision: str | None = None,
+                    sentences: int | None = None):
+    """A run directory (and optionally another checkpoint file of it, a decoding precision,
+    and how many sentences are decoded together, for ``auto``) for torch; a directory
+    written by ``nmt export`` for ctranslate2."""
     check_engine_options(engine, weights, precision)
     if engine == "torch":
         from nmt.translator import Translator
 
-        return Translator.from_run_dir(path, device, weights, precision)
+        return Translator.from_run_dir(path, device, weights, precision, sentences)
     try:  # ctranslate2
         from nmt.export import CTranslate2Translator
     except ImportError:

@@ -7,6 +7,8 @@ with AVX512-BF16 and ~3x on an Intel Xeon with AMX, but at half speed on an Inte
 AVX512-BF16 and no AMX, although both report bf16 support. So ``auto`` times the model's own
 matmul shapes in fp32 and in bf16 (a few hundred milliseconds) and takes the faster. The
 answer is cached per CPU model, torch version and shapes in ``~/.cache/nmt/precision.json``.
+Decoding's ``auto`` times the model's own decoding steps instead (``time_decoding``): at the
+few rows of a decoding step, matmul timings do not predict it.
 """
 
 from __future__ import annotations
@@ -15,16 +17,20 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from nmt.config import DECODING_PRECISIONS
+from nmt.data.tokenizer import BOS, UNK
 from nmt.errors import NMTError
+from nmt.models.base import select_rows
 
 CACHE = Path(os.environ.get("NMT_CACHE_DIR", Path.home() / ".cache" / "nmt")) / "precision.json"
 BF16_MARGIN = 1.1  # bf16 must win by 10%: autocast's casts cost something the probe omits
+TYPICAL_SOURCE_PIECES = 16  # a Multi30k source: ~15 pieces; sets the sentences of a batch
 
 
 @dataclass(frozen=True)
@@ -115,23 +121,32 @@ def has_native_bf16() -> bool:
 
 def choose_cpu_precision(shapes: list[tuple[int, int, int]]) -> PrecisionChoice:
     """bf16-mixed if bf16 matmuls of ``shapes`` beat fp32 by ``BF16_MARGIN``, else 32-true."""
+    return choose_by_probe(str(shapes), lambda: time_matmuls(shapes), "bf16 matmuls")
+
+
+def choose_by_probe(probe: str, measure: Callable[[], dict[str, float]], what: str) -> PrecisionChoice:
+    """bf16-mixed if ``measure()`` (seconds in fp32 and in bf16) finds bf16 faster by
+    ``BF16_MARGIN``, else 32-true. ``probe`` names what is measured; with the CPU, torch
+    version and threads it keys the cache. ``what`` names it in the reason."""
     cpu = cpu_model()
     if not has_native_bf16():
         return PrecisionChoice("32-true", f"no native bf16 matmuls on {cpu}")
-    key = f"{cpu_identity()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{shapes}"
+    key = f"{cpu_identity()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{probe}"
     timing = _cached(key)
     source = "cached probe"
     if timing is None:
-        timing, source = time_matmuls(shapes), "probe"
+        timing, source = measure(), "probe"
         _store(key, timing)
     speedup = timing["fp32"] / timing["bf16"]
     chosen = "bf16-mixed" if speedup >= BF16_MARGIN else "32-true"
-    return PrecisionChoice(chosen, f"bf16 matmuls {speedup:.2f}x fp32 on {cpu} ({source})")
+    return PrecisionChoice(chosen, f"{what} {speedup:.2f}x fp32 on {cpu} ({source})")
 
 
 def resolve_precision(precision: str, shapes: list[tuple[int, int, int]] | None = None,
-                      accelerator: str = "auto") -> PrecisionChoice:
-    """The Lightning precision to train with; ``auto`` decides by hardware or measurement."""
+                      accelerator: str = "auto",
+                      choose_on_cpu: Callable[[], PrecisionChoice] | None = None) -> PrecisionChoice:
+    """The Lightning precision to run in; ``auto`` decides by hardware or measurement: on a
+    CPU by ``choose_on_cpu`` if given, else by timing matmuls of ``shapes``."""
     if precision != "auto":
         return PrecisionChoice(precision, "set in the config")
     if torch.cuda.is_available() and accelerator in ("auto", "cuda", "gpu"):
@@ -141,6 +156,8 @@ def resolve_precision(precision: str, shapes: list[tuple[int, int, int]] | None 
             return PrecisionChoice("bf16-mixed", f"{name} (compute {major}.{minor}) has native bf16")
         return PrecisionChoice("16-mixed", f"{name} (compute {major}.{minor}) lacks native bf16; "
                                            "fp16 with a gradient scaler")
+    if choose_on_cpu is not None:
+        return choose_on_cpu()
     return choose_cpu_precision(shapes or probe_shapes({}, 8000))
 
 
@@ -152,19 +169,60 @@ def autocast_dtype(choice: PrecisionChoice) -> torch.dtype | None:
     return AUTOCAST_DTYPES.get(choice.precision.split("-")[0])
 
 
-def decoding_precision(config, device_type: str, precision: str | None = None) -> PrecisionChoice:
+PROBE_STEPS = 4  # decoding steps per timed round of ``time_decoding``
+
+
+def time_decoding(model: torch.nn.Module, sentences: int, beam: int,
+                  rounds: int = 2) -> dict[str, float]:
+    """Best-of-``rounds`` seconds for the model's own encoder and first decoding steps over
+    ``sentences`` sources with ``beam`` hypotheses each, in fp32 and in bf16 autocast, in
+    alternation. Each round has sources of a new length, as real decoding keeps meeting new
+    shapes: bf16 kernels for a new shape cost more to create than fp32 ones."""
+    expand = torch.arange(sentences).repeat_interleave(beam)  # sentence i -> its K rows
+
+    def decode(length: int, dtype: torch.dtype | None) -> float:
+        src = torch.full((sentences, length), UNK)  # the content does not change the cost
+        start = time.perf_counter()
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=dtype is not None):
+            memory = model.encode(src, torch.ones_like(src, dtype=torch.bool))
+            first = torch.full((sentences,), BOS)
+            log_probs, state, _ = model.decode_step(first, model.init_state(memory), memory)
+            prev, state = log_probs.argmax(-1)[expand], select_rows(state, expand)
+            for _ in range(PROBE_STEPS):
+                log_probs, state, _ = model.decode_step(prev, state, memory)
+                prev = log_probs.argmax(-1)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for length in range(12, 12 + rounds + 1):  # the first round warms up
+        for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+            times[name].append(decode(length, dtype))
+    return {name: min(seconds[1:]) for name, seconds in times.items()}
+
+
+def decoding_precision(config, model: torch.nn.Module, device_type: str,
+                       precision: str | None = None, sentences: int | None = None) -> PrecisionChoice:
     """The precision translate, evaluate and serve decode in: ``precision`` if given, else
-    ``decoding.precision``. Its ``auto`` is decided on the decoding device as training's is (the
-    same probe of the model's shapes), whatever precision the run trained in: a run trained in
-    bf16 on one machine may be decoded on a CPU where bf16 is slow. On a 2-core Intel Xeon with
-    AMX, bf16 decoding of a trained Transformer ran 1.13x (greedy) and 1.32x (beam 5) faster
-    than fp32, test2016 BLEU +0.01 and -0.07 (README, Serving and export)."""
+    ``decoding.precision``. Its ``auto`` is decided on the decoding device, whatever precision
+    the run trained in, by timing the model's own decoding steps for ``sentences`` sentences
+    decoded together (default: a batch of ``data.eval_max_tokens``) at the config's beam.
+    Matmul timings do not predict decoding: on a 2-core Intel Xeon with AMX, bf16 matmuls of
+    160 rows ran 4x fp32, yet bf16 decoding of 32 sentences at beam 5 ran 0.88x fp32 and at
+    greedy 0.57x, while with 8,000-token batches beam 5 ran 1.5x (README, Serving and export)."""
     precision = precision or config.decoding.precision
     if precision not in DECODING_PRECISIONS:
         raise NMTError(f"unknown decoding precision '{precision}'; choose from: "
                        f"{', '.join(DECODING_PRECISIONS)}")
-    shapes = probe_shapes(config.model, config.data.vocab_size)
-    return resolve_precision(precision, shapes, "cuda" if device_type == "cuda" else "cpu")
+    sentences = sentences or max(1, config.data.eval_max_tokens // TYPICAL_SOURCE_PIECES)
+    beam = config.decoding.beam_size
+    probe = (f"decoding {json.dumps(config.model, sort_keys=True)} vocab {config.data.vocab_size} "
+             f"{sentences}x{beam}")
+
+    def choose() -> PrecisionChoice:
+        return choose_by_probe(probe, lambda: time_decoding(model, sentences, beam),
+                               f"bf16 decoding of {sentences} sentences x beam {beam}")
+
+    return resolve_precision(precision, None, "cuda" if device_type == "cuda" else "cpu", choose)
 
 
 _announced: set[PrecisionChoice] = set()

@@ -133,7 +133,7 @@ class TranslationAPI(litserve.LitAPI):
         (kernel initialisation, first allocations: seconds on a CPU) are paid before /health
         says ready, not by the first requests."""
         self.translators = {name: load_translator(path, self.engine, device.split(":")[0],
-                                                  self.weights, self.precision)
+                                                  self.weights, self.precision, self.max_batch_size)
                             for name, path in self.runs.items()}
         for translator in self.translators.values():
             translator.translate(["warm-up"], self.default_beam)

@@ -85,15 +85,17 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
 
 class Translator:
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, config: Config,
-                 precision: str | None = None):
-        """``precision``: 32-true, bf16-mixed or auto (default: the config's decoding.precision;
-        see ``decoding_precision``)."""
+                 precision: str | None = None, sentences: int | None = None):
+        """``precision``: 32-true, bf16-mixed or auto (default: the config's decoding.precision);
+        ``auto`` decides for ``sentences`` decoded together (default: a batch of
+        data.eval_max_tokens), see ``decoding_precision``."""
         self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
-        self.precision = decoding_precision(config, self.device.type, precision)
+        self.precision = decoding_precision(config, model, self.device.type, precision, sentences)
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, device: str | None = None,
-                     weights: str | Path | None = None, precision: str | None = None) -> Translator:
+                     weights: str | Path | None = None, precision: str | None = None,
+                     sentences: int | None = None) -> Translator:
         """Model, tokenizer and config from ``run_dir``; weights from ``weights`` if given
         (see ``find_checkpoint``), else best.ckpt, else last.ckpt."""
         run_dir = Path(run_dir)
@@ -113,7 +115,7 @@ class Translator:
         except Exception as err:  # unpickling, missing keys, shape mismatches, ...
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint ({reason})") from None
-        return cls(model.to(device), tokenizer, config, precision)
+        return cls(model.to(device), tokenizer, config, precision, sentences)
 
     @property
     def device(self) -> torch.device:

@@ -82,18 +82,36 @@ def test_training_precision_uses_the_model_shapes(cache, monkeypatch, capsys):
     ("auto", "auto", "32-true", 0.5, "32-true"),  # --precision wins
 ])
 def test_decoding_precision(cache, monkeypatch, trainer, decoding, given, bf16_time, chosen):
-    fake_timing(monkeypatch, 1.0, bf16_time)
+    probes = []
+    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam: probes.append(
+        (sentences, beam)) or {"fp32": 1.0, "bf16": bf16_time})
     config = load_config("configs/transformer.yaml",
-                         [f"trainer.precision={trainer}", f"decoding.precision={decoding}"])
-    choice = precision.decoding_precision(config, "cpu", given)
+                         [f"trainer.precision={trainer}", f"decoding.precision={decoding}",
+                          "data.eval_max_tokens=800", "decoding.beam_size=4"])
+    choice = precision.decoding_precision(config, None, "cpu", given)
     assert choice.precision == chosen
     assert precision.autocast_dtype(choice) == (torch.bfloat16 if chosen == "bf16-mixed" else None)
+    if decoding == "auto" and given is None:  # probed for a batch of eval_max_tokens
+        assert probes == [(800 // precision.TYPICAL_SOURCE_PIECES, 4)]
+        serving = precision.decoding_precision(config, None, "cpu", sentences=32)  # its batch
+        assert probes[-1] == (32, 4) and "decoding of 32 sentences x beam 4" in serving.reason
+    else:
+        assert not probes
 
 
 def test_unknown_decoding_precision_is_an_error():
     config = load_config("configs/transformer.yaml", ["decoding.precision=fp16"])
     with pytest.raises(NMTError, match="unknown decoding precision 'fp16'"):
-        precision.decoding_precision(config, "cpu")
+        precision.decoding_precision(config, None, "cpu")
+
+
+@pytest.mark.parametrize("family", ["rnn", "transformer"])
+def test_real_decoding_probe_times_both_types(family):
+    """The probe runs the model's own encoder and decoding steps, beams expanded as in beam
+    search, in both types."""
+    model = tiny_model(family, "scaled_dot", vocab=30, seed=3).eval()
+    timing = precision.time_decoding(model, sentences=3, beam=2, rounds=1)
+    assert set(timing) == {"fp32", "bf16"} and all(t > 0 for t in timing.values())
 
 
 @pytest.mark.parametrize("family", ["rnn", "transformer"])
