@@ -155,13 +155,13 @@ def _decode_rows(decoders: list[tuple[str, object]], beams: list[int], corpus: d
     passes: list[list[float]] = [[] for _ in settings]
     outputs: list[list] = [[] for _ in settings]  # each setting's translations (last pass)
     for _ in range(repeat):
-        for seconds, output, (_, decoder, beam) in zip(passes, outputs, settings):
+        for times, output, (_, decoder, beam) in zip(passes, outputs, settings):
             start = time.perf_counter()
             results = decoder.translate(sources, beam_size=beam)
-            seconds.append(time.perf_counter() - start)
+            times.append(time.perf_counter() - start)
             output[:] = [r[0] for r in results]
-    return [_decode_row(engine, decoder, beam, seconds, output, corpus)
-            for seconds, output, (engine, decoder, beam) in zip(passes, outputs, settings)]
+    return [_decode_row(engine, decoder, beam, times, output, corpus)
+            for times, output, (engine, decoder, beam) in zip(passes, outputs, settings)]
 
 
 def _decode_row(engine: str, translator, beam: int, passes: list[float], results: list,

@@ -142,11 +142,10 @@ def choose_by_probe(probe: str, measure: Callable[[], dict[str, float]], what: s
     return PrecisionChoice(chosen, f"{what} {speedup:.2f}x fp32 on {cpu} ({source})")
 
 
-def resolve_precision(precision: str, shapes: list[tuple[int, int, int]] | None = None,
-                      accelerator: str = "auto",
-                      choose_on_cpu: Callable[[], PrecisionChoice] | None = None) -> PrecisionChoice:
-    """The Lightning precision to run in; ``auto`` decides by hardware or measurement: on a
-    CPU by ``choose_on_cpu`` if given, else by timing matmuls of ``shapes``."""
+def resolve_precision(precision: str, choose_on_cpu: Callable[[], PrecisionChoice],
+                      accelerator: str = "auto") -> PrecisionChoice:
+    """The Lightning precision to run in; ``auto`` decides by the hardware on CUDA and by
+    ``choose_on_cpu`` (a measurement) on a CPU."""
     if precision != "auto":
         return PrecisionChoice(precision, "set in the config")
     if torch.cuda.is_available() and accelerator in ("auto", "cuda", "gpu"):
@@ -156,9 +155,7 @@ def resolve_precision(precision: str, shapes: list[tuple[int, int, int]] | None 
             return PrecisionChoice("bf16-mixed", f"{name} (compute {major}.{minor}) has native bf16")
         return PrecisionChoice("16-mixed", f"{name} (compute {major}.{minor}) lacks native bf16; "
                                            "fp16 with a gradient scaler")
-    if choose_on_cpu is not None:
-        return choose_on_cpu()
-    return choose_cpu_precision(shapes or probe_shapes({}, 8000))
+    return choose_on_cpu()
 
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}  # by Lightning's prefix
@@ -222,7 +219,7 @@ def decoding_precision(config, model: torch.nn.Module, device_type: str,
         return choose_by_probe(probe, lambda: time_decoding(model, sentences, beam),
                                f"bf16 decoding of {sentences} sentences x beam {beam}")
 
-    return resolve_precision(precision, None, "cuda" if device_type == "cuda" else "cpu", choose)
+    return resolve_precision(precision, choose, "cuda" if device_type == "cuda" else "cpu")
 
 
 _announced: set[PrecisionChoice] = set()
@@ -232,7 +229,8 @@ def training_precision(config) -> PrecisionChoice:
     """``resolve_precision`` for a run's ``Config`` (its model's shapes), printed once per
     process so that the user sees what ``auto`` chose and why."""
     shapes = probe_shapes(config.model, config.data.vocab_size)
-    choice = resolve_precision(config.trainer.precision, shapes, config.trainer.accelerator)
+    choice = resolve_precision(config.trainer.precision, lambda: choose_cpu_precision(shapes),
+                               config.trainer.accelerator)
     if choice not in _announced:
         _announced.add(choice)
         print(f"precision: {choice.precision} ({choice.reason})", flush=True)
