@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.dropout import dropout as apply_dropout
 from nmt.errors import NMTError
 
 
@@ -57,7 +58,7 @@ class Scorer(nn.Module):
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(logits, dim=-1)
-        context = F.dropout(weights, dropout, self.training) @ values
+        context = apply_dropout(weights, dropout, self.training) @ values
         return context, weights
 
 

@@ -48,10 +48,10 @@ class OptimConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     schedule: str = "inverse_sqrt"  # see nmt.training.SCHEDULES
-    warmup_steps: int = 1000  # inverse_sqrt
+    warmup_steps: int = 1000  # inverse_sqrt and cosine
     plateau_factor: float = 0.5  # plateau: lr *= factor when validation BLEU stalls
     plateau_patience: int = 1
-    min_lr: float = 1e-6
+    min_lr: float = 1e-6  # plateau's lower bound; cosine's floor at the end of the budget
     ema_decay: float = 0.0  # > 0: evaluate and save an EMA of the weights (nmt.training.WeightEMA)
 
 

@@ -13,13 +13,14 @@ import os
 import resource
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 import yaml
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, WeightAveraging
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, Timer, WeightAveraging
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -46,18 +47,41 @@ def inverse_sqrt(warmup: int):
     return lambda step: min((step + 1) / warmup, (warmup / (step + 1)) ** 0.5)
 
 
-def warmup_cosine(warmup: int, total: int, floor: float):
-    """Linear warm-up, then half a cosine from the peak lr down to ``floor`` x peak at step
-    ``total`` (Loshchilov & Hutter 2017, one cycle): for a fixed number of updates, where
-    annealing to the end of the budget pays more than a schedule that never ends."""
+def warmup_cosine(warmup: int, horizon: Callable[[int], float], floor: float):
+    """Linear warm-up, then half a cosine from the peak lr down to ``floor`` x peak at the
+    budget's last step, ``horizon(step)`` (Loshchilov & Hutter 2017, one cycle): for a fixed
+    budget, where annealing to its end pays more than a schedule that never ends."""
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        progress = min(1.0, (step - warmup) / max(1.0, horizon(step) - warmup))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
+
+
+def budget_horizon(trainer: L.Trainer) -> Callable[[int], float]:
+    """The step at which training will end, as known at ``step``: ``max_steps``, else the steps
+    of ``max_epochs`` epochs, or, sooner, the step that ``max_time`` reaches at the speed so far
+    (``step`` x duration / time elapsed, validation included; the Timer's elapsed time survives
+    a resume). A time budget thus anneals to its end, whatever the machine's speed.
+
+    Read when the schedule steps, from the loop's own counts: ``estimated_stepping_batches``
+    would build a training loader here, and drawing its seeds would shift the dropout masks of
+    a resumed run against an uninterrupted one."""
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    timed = timer is not None and timer.time_remaining() is not None
+
+    def horizon(step: int) -> float:
+        steps = trainer.max_steps if trainer.max_steps > 0 else (
+            trainer.max_epochs * trainer.num_training_batches / trainer.accumulate_grad_batches)
+        elapsed = timer.time_elapsed() if timed else 0.0
+        if step == 0 or elapsed <= 0:
+            return steps
+        return min(steps, step * (elapsed + timer.time_remaining()) / elapsed)
+
+    return horizon
 
 
 SCHEDULES = ("inverse_sqrt", "cosine", "plateau", "constant")
@@ -199,7 +223,8 @@ class TranslationModule(L.LightningModule):
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt(optim.warmup_steps))
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
         if optim.schedule == "cosine":
-            factor = warmup_cosine(optim.warmup_steps, self.trainer.max_steps, optim.min_lr / optim.lr)
+            factor = warmup_cosine(optim.warmup_steps, budget_horizon(self.trainer),
+                                   optim.min_lr / optim.lr)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -335,8 +360,10 @@ def train(config: Config) -> Path:
     if config.optim.schedule not in SCHEDULES:
         raise NMTError(f"unknown schedule '{config.optim.schedule}'; choose one of: "
                        f"{', '.join(SCHEDULES)}")
-    if config.optim.schedule == "cosine" and config.trainer.max_steps <= 0:
-        raise NMTError("schedule cosine decays to the end of the budget: set trainer.max_steps")
+    if config.optim.schedule == "cosine" and config.trainer.max_steps <= 0 \
+            and config.trainer.max_epochs <= 0 and config.trainer.max_time is None:
+        raise NMTError("schedule cosine decays to the end of the budget: set trainer.max_steps, "
+                       "trainer.max_epochs or --max-time")
     run_dir = run_dir_of(config)
     resume_from = _check_resumable(config, run_dir)
     L.seed_everything(config.seed, workers=True, verbose=False)

@@ -4,8 +4,9 @@
 
 Every variant trains a fresh model on the same real batches (Multi30k, the config's token
 budget). The reference is the shipped setup: glibc malloc keeping freed memory
-(nmt.allocator), bf16 autocast and, for the Transformer, the explicit attention path at
-sentence lengths with no dropout on attention weights or inside the feed-forward layer.
+(nmt.allocator), bf16 autocast, dropout masks drawn by nmt.dropout and, for the
+Transformer, the explicit attention path at sentence lengths with no dropout on attention
+weights or inside the feed-forward layer.
 Each other variant turns one lever off; its speed-up is its seconds per step over the
 reference's.
 """
@@ -15,12 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
+import nmt.attention
+import nmt.dropout
 from nmt.allocator import keep_freed_memory
 from nmt.attention import ScaledDotScorer
 from nmt.config import load_config
@@ -36,6 +40,11 @@ class Variant:
     model_overrides: dict
     bf16: bool = True
     fused_attention_everywhere: bool = False
+    torch_dropout: bool = False  # torch's dropout (bernoulli_ masks) instead of nmt.dropout's
+
+
+def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    return F.dropout(x, p, training)
 
 
 def seconds_per_step(variant: Variant, model_cfg: dict, vocab: int, batches, smoothing) -> float:
@@ -54,7 +63,11 @@ def seconds_per_step(variant: Variant, model_cfg: dict, vocab: int, batches, smo
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
-    with mock.patch.object(ScaledDotScorer, "FUSED_CPU_MIN_SCORES", fused_from):
+    with ExitStack() as patches:
+        patches.enter_context(mock.patch.object(ScaledDotScorer, "FUSED_CPU_MIN_SCORES", fused_from))
+        if variant.torch_dropout:
+            patches.enter_context(mock.patch.object(nmt.dropout, "dropout", torch_dropout))
+            patches.enter_context(mock.patch.object(nmt.attention, "apply_dropout", torch_dropout))
         step(batches[0])  # warm-up
         start = time.perf_counter()
         for batch in batches[1:]:
@@ -73,7 +86,8 @@ def main() -> None:
     sampler = TokenBatchSampler(train.lengths(), cfg.data.max_tokens, shuffle=True, seed=1)
     batches = [collate([train[i] for i in b]) for b in list(sampler)[: args.steps + 1]]
     reference = Variant("shipped setup (reference)", {})
-    off = [Variant("fp32 (no bf16 autocast)", {}, bf16=False)]
+    off = [Variant("fp32 (no bf16 autocast)", {}, bf16=False),
+           Variant("torch's dropout masks (bernoulli_)", {}, torch_dropout=True)]
     if cfg.model["family"] == "transformer":
         off += [Variant("fused SDPA at every length", {}, fused_attention_everywhere=True),
                 Variant("attn+ff dropout 0.1", {"attention_dropout": 0.1, "ff_dropout": 0.1})]

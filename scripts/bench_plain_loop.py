@@ -32,7 +32,7 @@ from nmt.data.batching import Batch, TokenBatchSampler
 from nmt.data.module import prepare_data, split_dataset
 from nmt.data.tokenizer import PAD
 from nmt.models import build_model
-from nmt.training import inverse_sqrt
+from nmt.training import inverse_sqrt, warmup_cosine
 
 
 def first_batches(config: Config, count: int) -> tuple[list[Batch], int]:
@@ -56,8 +56,12 @@ def plain_loop(config_path: str, steps: int, warmup: int) -> dict:
     optim = config.optim
     optimizer = torch.optim.Adam(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                  weight_decay=optim.weight_decay)
-    # inverse_sqrt steps per batch; plateau and constant keep the lr within a benchmark.
-    schedule = inverse_sqrt(optim.warmup_steps) if optim.schedule == "inverse_sqrt" else None
+    # Per-batch schedules step per batch (cosine over the benchmark's steps); plateau and
+    # constant keep the lr within a benchmark.
+    schedules = {"inverse_sqrt": inverse_sqrt(optim.warmup_steps),
+                 "cosine": warmup_cosine(optim.warmup_steps, lambda step: warmup + steps,
+                                         optim.min_lr / optim.lr)}
+    schedule = schedules.get(optim.schedule)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule) if schedule else None
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     seconds, tokens = 0.0, 0

@@ -20,6 +20,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.attention import build_scorer
 from nmt.data.tokenizer import PAD
+from nmt.dropout import Dropout
 from nmt.errors import NMTError
 from nmt.models.base import beams_as_queries
 
@@ -61,7 +62,7 @@ class RNNModel(nn.Module):
         self.cell = cell(emb_dim + hidden_size, hidden_size)
         self.deep_out = nn.Linear(2 * hidden_size + emb_dim, emb_dim)
         self.out_bias = nn.Parameter(torch.zeros(vocab_size))
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
         """(B, S) -> annotations (B, S, D), their prepared keys, the mask and s_0 (B, D)."""
