@@ -71,15 +71,22 @@ def budget_horizon(trainer: L.Trainer) -> Callable[[int], float]:
     would build a training loader here, and drawing its seeds would shift the dropout masks of
     a resumed run against an uninterrupted one."""
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-    timed = timer is not None and timer.time_remaining() is not None
+    duration = None if timer is None or timer.time_remaining() is None \
+        else timer.time_elapsed() + timer.time_remaining()
 
     def horizon(step: int) -> float:
-        steps = trainer.max_steps if trainer.max_steps > 0 else (
-            trainer.max_epochs * trainer.num_training_batches / trainer.accumulate_grad_batches)
-        elapsed = timer.time_elapsed() if timed else 0.0
-        if step == 0 or elapsed <= 0:
+        if trainer.max_steps > 0:
+            steps = trainer.max_steps
+        elif trainer.max_epochs is None or trainer.max_epochs < 0:  # no epoch limit
+            steps = math.inf
+        else:
+            steps = trainer.max_epochs * trainer.num_training_batches / trainer.accumulate_grad_batches
+        if duration is None or step == 0:
             return steps
-        return min(steps, step * (elapsed + timer.time_remaining()) / elapsed)
+        # Rank 0's clock, as Lightning's Timer decides when to stop: every replica of a
+        # distributed run must take the same learning rate.
+        elapsed = trainer.strategy.broadcast(timer.time_elapsed())
+        return steps if elapsed <= 0 else min(steps, step * duration / elapsed)
 
     return horizon
 

@@ -42,6 +42,11 @@ def test_a_time_budget_ends_where_the_speed_so_far_reaches_it(monkeypatch):
     assert horizon(100) == 400  # the step budget comes first
     untimed = L.Trainer(max_steps=400, logger=False, enable_checkpointing=False)
     assert budget_horizon(untimed)(100) == 400
+    endless = L.Trainer(max_epochs=-1, max_time="00:00:10:00", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False)
+    timer = next(c for c in endless.callbacks if isinstance(c, Timer))
+    monkeypatch.setattr(timer, "time_elapsed", lambda stage="train": 120.0)
+    assert budget_horizon(endless)(50) == pytest.approx(250)  # no epoch limit: time alone
 
 
 def test_cosine_over_epochs_reaches_its_floor_at_the_last_step(tmp_path):
