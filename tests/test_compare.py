@@ -45,7 +45,7 @@ def study(tmp_path_factory):
                                                     "transformer": ["scaled_dot"]}},
                 "heads": {"attentions": {"transformer": ["scaled_dot", "symmetric"]},
                           "variants": {"h1": {"transformer": ["model.heads=1"]}}}}},
-            "b": {"overrides": {**overrides, "all": [*common, "optim.lr=0.002"]}, "groups": {
+            "b": {"overrides": {**overrides, "all": [*common, "optim.lr=0.0007"]}, "groups": {
                 "main": {"attentions": {"rnn": ["additive"]}}}},
         },
     }
@@ -135,7 +135,7 @@ def test_cells_are_reused_only_when_their_configuration_matches(study, capsys):
     assert "rnn_additive_seed1: training" in log and "reused" not in log
     record_a = json.loads((out / "a/cells/rnn_additive_seed1/record.json").read_text())
     record_b = json.loads((out / "b/cells/rnn_additive_seed1/record.json").read_text())
-    assert record_a["key"] != record_b["key"] and record_b["config"]["optim"]["lr"] == 0.002
+    assert record_a["key"] != record_b["key"] and record_b["config"]["optim"]["lr"] == 0.0007
 
 
 def test_tables_rebuild_from_records_alone(study, capsys):
