@@ -1,7 +1,7 @@
 """A plain PyTorch training loop of the same model on the same batches, against ours.
 
     python scripts/bench_plain_loop.py configs/transformer.yaml configs/rnn_bahdanau.yaml \
-        [--steps 20] [--warmup 3] [--rounds 2]
+        [--steps 20] [--warmup 3] [--rounds 2] [--with-levers]
 
 The plain loop is what a user would write with this project's model but none of its levers:
 the model built by ``nmt.models.build_model`` from the config, the first batches of the
@@ -9,7 +9,9 @@ config's token-budget sampler (epoch 0, the config's seed: those ``nmt bench tra
 on), Adam with the config's learning rate and schedule, torch's label-smoothed cross-entropy,
 gradient clipping; fp32 eager PyTorch, no autocast, glibc's default allocator. "Ours" is
 ``nmt bench train`` itself (Lightning, ``precision: auto``, the allocator setting of the
-``nmt`` command). Both report target tokens/s over the same timed steps.
+``nmt`` command). Both report target tokens/s over the same timed steps. ``--with-levers``
+adds a third loop, the plain loop given ours' allocator setting and precision: what is left
+between it and ours is what Lightning and our training module cost or save.
 
 The allocator setting cannot be undone inside a process, so every measurement runs in a
 fresh child process; the rounds alternate plain and ours so that a machine whose load
@@ -46,9 +48,18 @@ def first_batches(config: Config, count: int) -> tuple[list[Batch], int]:
     return [train.__getitems__(r) for r in rows], len(data.tokenizer)
 
 
-def plain_loop(config_path: str, steps: int, warmup: int) -> dict:
-    """Target tokens/s of a plain fp32 eager training loop (runs in a fresh process)."""
+def plain_loop(config_path: str, steps: int, warmup: int, levers: bool = False) -> dict:
+    """Target tokens/s of a plain eager training loop (runs in a fresh process): fp32, or
+    with ``levers`` the allocator setting and the precision ``auto`` picks."""
     config = load_config(config_path)
+    precision, dtype = "32-true", None
+    if levers:
+        from nmt.allocator import keep_freed_memory
+        from nmt.precision import autocast_dtype, training_precision
+
+        keep_freed_memory()
+        choice = training_precision(config)
+        precision, dtype = choice.precision, autocast_dtype(choice)
     batches, vocab = first_batches(config, warmup + steps)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(config.seed)
@@ -63,26 +74,31 @@ def plain_loop(config_path: str, steps: int, warmup: int) -> dict:
                                          optim.min_lr / optim.lr)}
     schedule = schedules.get(optim.schedule)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule) if schedule else None
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # 16-mixed
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     seconds, tokens = 0.0, 0
     for number, batch in enumerate(batches):
         src, tgt_in, tgt_out = (t.to(device) for t in (batch.src, batch.tgt_in, batch.tgt_out))
         sync()
         start = time.perf_counter()
-        logits = model(src, src != PAD, tgt_in)  # (B, T, V); the mask is Batch.src_mask
-        loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD,
-                               label_smoothing=optim.label_smoothing)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(src, src != PAD, tgt_in)  # (B, T, V); the mask is Batch.src_mask
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(),  # fp32 softmax
+                               ignore_index=PAD, label_smoothing=optim.label_smoothing)
         optimizer.zero_grad()
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.trainer.gradient_clip_val)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         if scheduler is not None:
             scheduler.step()
         sync()
         if number >= warmup:
             seconds += time.perf_counter() - start
             tokens += int((tgt_out != PAD).sum())
-    return {"loop": "plain", "tgt_tok_per_s": round(tokens / seconds, 1), "precision": "32-true"}
+    return {"loop": "plain+levers" if levers else "plain",
+            "tgt_tok_per_s": round(tokens / seconds, 1), "precision": precision}
 
 
 def ours(config_path: str, steps: int, warmup: int) -> dict:
@@ -102,30 +118,38 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=2, help="plain/ours pairs per config")
+    parser.add_argument("--with-levers", action="store_true",
+                        help="also time the plain loop with ours' allocator and precision")
     args = parser.parse_args()
+    loops = {"plain": (plain_loop, ())}  # name: (function, extra arguments), in run order
+    if args.with_levers:
+        loops["plain+levers"] = (plain_loop, (True,))
+    loops["ours"] = (ours, ())
     summary = []
     context = multiprocessing.get_context("spawn")
     for path in args.configs:
-        runs = {"plain": [], "ours": []}
+        runs = {name: [] for name in loops}
         for _ in range(args.rounds):
-            for name, loop in (("plain", plain_loop), ("ours", ours)):
+            for name, (loop, extra) in loops.items():
                 with context.Pool(1) as pool:  # a fresh process per measurement
-                    result = pool.apply(loop, (path, args.steps, args.warmup))
+                    result = pool.apply(loop, (path, args.steps, args.warmup, *extra))
                 print(f"{path} {name}: {result['tgt_tok_per_s']} tgt tok/s "
                       f"({result['precision']})", flush=True)
                 runs[name].append(result)
-        plain = round(statistics.median(r["tgt_tok_per_s"] for r in runs["plain"]), 1)
-        fast = round(statistics.median(r["tgt_tok_per_s"] for r in runs["ours"]), 1)
-        summary.append({"config": path, "plain_tgt_tok_per_s": plain, "ours_tgt_tok_per_s": fast,
-                        "speedup": round(fast / plain, 2),
-                        "ours_precision": runs["ours"][0]["precision"],
-                        "rounds": args.rounds, "steps": args.steps,
-                        "threads": torch.get_num_threads()})
-    print("| config | plain tgt tok/s | ours tgt tok/s | ours / plain | ours precision |")
-    print("|---|---|---|---|---|")
+        row = {"config": path}
+        for name in loops:
+            row[f"{name}_tgt_tok_per_s"] = round(
+                statistics.median(r["tgt_tok_per_s"] for r in runs[name]), 1)
+        row["speedup"] = round(row["ours_tgt_tok_per_s"] / row["plain_tgt_tok_per_s"], 2)
+        row.update(ours_precision=runs["ours"][0]["precision"], rounds=args.rounds,
+                   steps=args.steps, threads=torch.get_num_threads())
+        summary.append(row)
+    print("| config | " + " | ".join(f"{name} tgt tok/s" for name in loops)
+          + " | ours / plain | ours precision |")
+    print("|---" * (len(loops) + 3) + "|")
     for row in summary:
-        print(f"| {row['config']} | {row['plain_tgt_tok_per_s']} | {row['ours_tgt_tok_per_s']} "
-              f"| {row['speedup']}x | {row['ours_precision']} |")
+        speeds = " | ".join(str(row[f"{name}_tgt_tok_per_s"]) for name in loops)
+        print(f"| {row['config']} | {speeds} | {row['speedup']}x | {row['ours_precision']} |")
     print(json.dumps(summary))
 
 
