@@ -128,3 +128,46 @@ def test_bf16_decoding_keeps_scores_in_fp32(family):
         log_probs, _, _ = model.decode_step(b.tgt_in[:, 0], model.init_state(memory), memory)
     assert log_probs.dtype == torch.float32
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(4))
+
+
+@pytest.mark.parametrize("given,plugin", [("bf16-mixed", True), ("32-true", False)])
+def test_mixed_precision_training_keeps_autocasts_cast_cache(tmp_path, given, plugin):
+    """Training's steps run under autocast with its cast cache on (Lightning's own plugin has
+    it off); full precision stays with Lightning's flag."""
+    from nmt.training import build_trainer
+
+    config = load_config("configs/rnn_bahdanau.yaml",
+                         [f"trainer.precision={given}", "trainer.accelerator=cpu"])
+    trainer = build_trainer(config, tmp_path)
+    assert trainer.precision == given
+    assert isinstance(trainer.precision_plugin, precision.CachedMixedPrecision) == plugin
+    if plugin:
+        with trainer.precision_plugin.forward_context():
+            assert torch.is_autocast_cache_enabled()
+            assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_the_cast_cache_keeps_every_gradient():
+    """The RNN decoder reuses its weights at every position: with the cast cache each is cast
+    once, so its gradient sums in bf16 before the cast back (plain torch.autocast's default),
+    within a percent of summing in fp32; a no_grad forward first does not poison the cache."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    b = reversal_batch(random.Random(1), 6)
+
+    def gradients(plugin, no_grad_first: bool = False) -> list[torch.Tensor]:
+        model = tiny_model("rnn", "additive", vocab=30, seed=4).eval()  # no dropout draws
+        with plugin.forward_context():
+            if no_grad_first:
+                with torch.no_grad():
+                    model(b.src, b.src_mask, b.tgt_in)
+            loss = model(b.src, b.src_mask, b.tgt_in).float().logsumexp(-1).mean()
+        loss.backward()
+        return [p.grad for p in model.parameters()]
+
+    uncached = gradients(MixedPrecision("bf16-mixed", "cpu"))
+    for no_grad_first in (False, True):
+        cached = gradients(precision.CachedMixedPrecision("bf16-mixed", "cpu"), no_grad_first)
+        assert all(g is not None for g in cached)
+        for c, u in zip(cached, uncached):
+            assert (c - u).norm() <= 0.01 * u.norm()
