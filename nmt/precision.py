@@ -177,9 +177,9 @@ class CachedMixedPrecision(MixedPrecision):
     cache off because a ``no_grad`` forward inside autocast used to poison it (torch issue
     112583); torch fixed that itself (pull 165068; tested here), our steps run no such forward,
     and the cache is cleared when each step's context exits, before the optimizer changes the
-    weights. With the cache a
-    reused weight's gradient sums in bf16 before its one cast back, as under plain
-    ``torch.autocast`` (cache on by default): 0.3% from the fp32 sum on the tiny RNN."""
+    weights. With the cache a reused weight's gradient sums in bf16 before its one cast back,
+    as under plain ``torch.autocast`` (cache on by default): 0.3% from the fp32 sum on the
+    tiny RNN."""
 
     def forward_context(self) -> torch.autocast:
         return torch.autocast(self.device, dtype=AUTOCAST_DTYPES[self.precision.split("-")[0]])
