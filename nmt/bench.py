@@ -27,7 +27,7 @@ from nmt.errors import NMTError
 from nmt.metrics import score_corpus
 from nmt.models import build_model
 from nmt.plots import save_lines
-from nmt.precision import autocast_dtype, mixed_precision_plugin, training_precision
+from nmt.precision import autocast_dtype, trainer_precision, training_precision
 from nmt.search import max_output_lengths, restrict
 from nmt.training import TranslationModule, peak_rss_mb
 from nmt.translator import Translator
@@ -84,12 +84,12 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     module = TranslationModule(model, data.tokenizer, config.optim, config.decoding, [], config.seed)
     timer = StepTimer(warmup)
     precision = training_precision(config)
-    mixed = mixed_precision_plugin(precision, config.trainer.accelerator)  # as training's
+    flag, plugins = trainer_precision(precision, config.trainer.accelerator)  # as training's
     trainer = L.Trainer(
         max_steps=warmup + steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
         accelerator=config.trainer.accelerator, devices=1,
-        precision=None if mixed else precision.precision, plugins=[mixed] if mixed else None,
+        precision=flag, plugins=plugins,
         gradient_clip_val=config.trainer.gradient_clip_val,
     )
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)

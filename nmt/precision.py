@@ -185,12 +185,13 @@ class CachedMixedPrecision(MixedPrecision):
         return torch.autocast(self.device, dtype=AUTOCAST_DTYPES[self.precision.split("-")[0]])
 
 
-def mixed_precision_plugin(choice: PrecisionChoice, accelerator: str) -> MixedPrecision | None:
-    """The Trainer's precision plugin for a mixed ``choice`` (None: Lightning's own flag)."""
-    if not choice.precision.endswith("-mixed"):  # bf16-mixed or 16-mixed
-        return None
+def trainer_precision(choice: PrecisionChoice, accelerator: str) -> tuple[str | None, list]:
+    """``L.Trainer``'s ``precision`` flag and precision plugins for ``choice``: a mixed
+    precision (bf16-mixed, 16-mixed) as ``CachedMixedPrecision``, any other by its name."""
+    if not choice.precision.endswith("-mixed"):
+        return choice.precision, []
     cuda = torch.cuda.is_available() and accelerator in ("auto", "cuda", "gpu")
-    return CachedMixedPrecision(choice.precision, "cuda" if cuda else "cpu")
+    return None, [CachedMixedPrecision(choice.precision, "cuda" if cuda else "cpu")]
 
 
 PROBE_STEPS = 4  # decoding steps per timed round of ``time_decoding``

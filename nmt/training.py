@@ -33,7 +33,7 @@ from nmt.errors import NMTError
 from nmt.files import write_atomic
 from nmt.metrics import bleu_from_statistics, bleu_statistics
 from nmt.models import build_model, check_model_config
-from nmt.precision import mixed_precision_plugin, training_precision
+from nmt.precision import trainer_precision, training_precision
 from nmt.search import greedy_search
 
 
@@ -331,8 +331,7 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         callbacks.append(WeightEMA(config.optim.ema_decay))
     if t.keep_last_checkpoints > 0:
         callbacks.append(keep_last_callback(run_dir, t.keep_last_checkpoints))
-    precision = training_precision(config)
-    mixed = mixed_precision_plugin(precision, t.accelerator)  # or Lightning's own, by name
+    precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
     return L.Trainer(
         default_root_dir=run_dir,
         max_epochs=t.max_epochs,
@@ -342,7 +341,7 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         devices=t.devices,
         num_nodes=t.num_nodes,
         strategy=t.strategy,
-        precision=None if mixed else precision.precision,
+        precision=precision,
         gradient_clip_val=t.gradient_clip_val,
         accumulate_grad_batches=t.accumulate_grad_batches,
         val_check_interval=t.val_check_interval,
@@ -356,7 +355,7 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         # a batch sampler), so resumed and uninterrupted runs see the same batches.
         reload_dataloaders_every_n_epochs=1,
         callbacks=callbacks,
-        plugins=[AtomicCheckpointIO(), *([mixed] if mixed else [])],
+        plugins=[AtomicCheckpointIO(), *precision_plugins],
         num_sanity_val_steps=0,
     )
 
