@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,7 +24,7 @@ from nmt.data.corpus import load_corpus
 from nmt.data.module import decoding_loader
 from nmt.files import write_atomic
 from nmt.metrics import score_corpus
-from nmt.precision import cpu_model
+from nmt.provenance import code_commit, device_name
 from nmt.translator import Translator
 
 RECORD = "record.json"
@@ -78,23 +77,12 @@ def test_batches(translator: Translator, test) -> list:
 
 
 def provenance(run_dir: Path) -> dict:
-    """Where the cell was trained: device, precision (as the run printed it), versions, and
-    the commit of the code (the child process runs the code of the current directory)."""
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU: {cpu_model()}"
-    return {"device": device, "precision": _printed_precision(run_dir / "train.log"),
+    """Where the cell was recorded: device, precision of the run (as it printed it), versions,
+    and the commit of the code that decoded it. The commits and devices each training segment
+    ran on are in the record's ``train["segments"]``."""
+    return {"device": device_name(), "precision": _printed_precision(run_dir / "train.log"),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "code": code_commit(),
             "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
-def code_commit() -> str | None:
-    """``git rev-parse HEAD`` of the working directory (+ "-dirty" with local changes)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def _printed_precision(log: Path) -> str | None:

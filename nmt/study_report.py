@@ -151,6 +151,30 @@ def markdown(rows: list[dict], signature: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def provenance_markdown(records: dict[Cell, dict]) -> str:
+    """Where each cell ran: every training segment's code commit, start step and device
+    (records written before segments were kept say so), and the commit that recorded it."""
+    lines = ["### where each cell ran", "",
+             "| cell | training segments: code from step (device) | precision | recorded by |",
+             "|---|---|---|---|"]
+    for cell, record in records.items():
+        segments = record["train"].get("segments")
+        trained = "; ".join(f"{_short(s['code'])} from {s['from_step']} ({s['device']})"
+                            for s in segments) if segments else "not kept (trained before they were)"
+        prov = record["provenance"]
+        precision = (prov["precision"] or "unknown").split()[0]  # without the probe's reason
+        lines.append(f"| {cell.name} | {trained} | {precision} | "
+                     f"{_short(prov['code'])}, {prov['device']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _short(commit: str | None) -> str:
+    """A commit as git abbreviates it (7 hex digits), keeping a "-dirty" mark."""
+    if commit is None:
+        return "unknown"
+    return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")
+
+
 def write_report(cfg: CompareConfig, preset: str, out: Path) -> list[dict]:
     """compare.{md,json,csv} and the figures of every recorded cell."""
     records = current_records(cfg, preset, out)
@@ -165,6 +189,7 @@ def write_report(cfg: CompareConfig, preset: str, out: Path) -> list[dict]:
     table = markdown(rows, first["scores"]["bleu_signature"])
     if (out / "cost.json").is_file():
         table += "\n" + cost_markdown(json.loads((out / "cost.json").read_text()), rows)
+    table += "\n" + provenance_markdown(records)
     write_atomic(out / "compare.md", table)
     write_atomic(out / "compare.json", json.dumps(rows, indent=1) + "\n")
     with open(out / "compare.csv", "w", newline="") as f:

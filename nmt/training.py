@@ -7,6 +7,7 @@ spm.model and logs/metrics.csv. Re-running the same command resumes from last.ck
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from nmt.files import write_atomic
 from nmt.metrics import bleu_from_statistics, bleu_statistics
 from nmt.models import build_model, check_model_config
 from nmt.precision import trainer_precision, training_precision
+from nmt.provenance import code_commit, device_name
 from nmt.search import greedy_search
 
 
@@ -140,6 +142,9 @@ class TranslationModule(L.LightningModule):
         self.val_references, self.seed = val_references, seed
         # Running totals over the whole run, resumed segments included (kept in checkpoints).
         self.totals = {"tgt_tokens": 0, "step_seconds": 0.0, "wall_seconds": 0.0}
+        # One entry per training segment (a resume starts a new one): the code and device it
+        # ran on, so that results name everything that produced their weights.
+        self.segments: list[dict] = []
         self._fit_start = time.perf_counter()
         self.validated_step = -1  # global step of the latest validation
         self._epoch_tokens, self._epoch_seconds = 0, 0.0
@@ -154,6 +159,13 @@ class TranslationModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self._fit_start = time.perf_counter()
+
+    def on_train_start(self) -> None:
+        # Here, not in on_fit_start: the resumed global step and segments are restored by now.
+        self.segments.append({
+            "from_step": self.global_step, "code": code_commit(), "device": device_name(),
+            "precision": str(self.trainer.precision),
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
 
     def on_train_epoch_start(self) -> None:
         self._epoch_tokens, self._epoch_seconds = 0, 0.0
@@ -188,10 +200,12 @@ class TranslationModule(L.LightningModule):
         totals["tgt_tokens"] += int(self._epoch_tokens)  # a checkpoint inside an epoch
         totals["step_seconds"] += self._epoch_seconds
         checkpoint["nmt_totals"] = totals
+        checkpoint["nmt_segments"] = self.segments
         checkpoint["nmt_validated_step"] = self.validated_step  # a finished run is not re-validated
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.totals = dict(checkpoint.get("nmt_totals", self.totals))
+        self.segments = list(checkpoint.get("nmt_segments", []))  # none in older checkpoints
         self.validated_step = checkpoint.get("nmt_validated_step", -1)
 
     def on_validation_epoch_start(self) -> None:
@@ -422,7 +436,8 @@ def print_effective_batch(config: Config, trainer: L.Trainer) -> None:
 def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Trainer,
                       best: float | None) -> None:
     """train_stats.json: the run's totals (all resumed segments), read by ``compare``."""
-    totals = torch.load(run_dir / "last.ckpt", map_location="cpu", weights_only=False)["nmt_totals"]
+    last = torch.load(run_dir / "last.ckpt", map_location="cpu", weights_only=False)
+    totals = last["nmt_totals"]
     stats = {
         "wall_seconds": round(totals["wall_seconds"], 1),
         "train_step_seconds": round(totals["step_seconds"], 1),
@@ -434,5 +449,6 @@ def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Train
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "best_val_bleu": round(best, 2) if best is not None else None,
         "world_size": trainer.world_size,
+        "segments": last.get("nmt_segments", []),
     }
     write_atomic(run_dir / "train_stats.json", json.dumps(stats, indent=2) + "\n")

@@ -16,6 +16,7 @@ from scipy.stats import ttest_rel
 
 from nmt.cli import main
 from nmt.plots import attention_matrix, draw_attention
+from nmt.provenance import code_commit
 
 from .conftest import REPO, write_corpus
 
@@ -95,6 +96,10 @@ def test_compare_writes_records_tables_and_figures(study):
     assert list(rows)[0][0] == "main"
     table = (a / "compare.md").read_text()
     assert "### main" in table and "### heads" in table and "| rnn | dot | base |" in table
+    # Each cell was trained in one segment, from step 0, by the code of this checkout.
+    assert record["train"]["segments"][0]["from_step"] == 0
+    commit = (code_commit() or "unknown")[:7]
+    assert f"| rnn_dot_seed2 | {commit}" in table and "from 0 (CPU: " in table
 
 
 def test_significance_is_sacrebleus_bootstrap_and_a_paired_t_test(study):
@@ -145,7 +150,7 @@ def test_tables_rebuild_from_records_alone(study, capsys):
     (out / "a" / "compare.json").unlink()
     assert run("a", "--tables-only") == 0
     assert read_rows(out / "a") == before
-    assert "training" not in capsys.readouterr().out
+    assert ": training (log: " not in capsys.readouterr().out  # no cell trained again
 
 
 def test_unknown_preset_is_an_error(study, capsys):

@@ -5,6 +5,7 @@ the options that decide its trajectory unchanged."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from nmt.cli import main
+from nmt.provenance import code_commit
 
 from .conftest import REPO, tiny_train_args, write_corpus
 
@@ -65,6 +67,11 @@ def test_step_budget_inside_an_epoch_then_continue(corpus, straight, tmp_path, b
     assert checkpoint(tmp_path, "best.ckpt")["global_step"] <= budget  # the tail was validated
     assert main(args(corpus, tmp_path)) == 0  # the budget raised: same command without it
     assert_same_weights(tmp_path, straight)
+    # Each segment names the step it started from and the code and device it ran on.
+    segments = json.loads((tmp_path / "train_stats.json").read_text())["segments"]
+    assert [s["from_step"] for s in segments] == [0, budget]
+    assert {s["code"] for s in segments} == {code_commit()}
+    assert all(s["device"].startswith("CPU: ") and s["precision"] for s in segments)
 
 
 def test_time_budget_then_continue(corpus, straight, tmp_path, monkeypatch):

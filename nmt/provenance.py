@@ -1,0 +1,31 @@
+"""What produced a result: the code's commit and the device, for training segments and
+study records."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import torch
+
+from nmt.precision import cpu_model
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+def code_commit() -> str | None:
+    """``git rev-parse HEAD`` of the checkout this package runs from (+ "-dirty" with local
+    changes to tracked files); None outside a git checkout (e.g. an installed wheel)."""
+    try:
+        head = subprocess.run(["git", "-C", str(PACKAGE), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "-C", str(PACKAGE), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def device_name() -> str:
+    """The GPU's name, or "CPU: <model>"."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU: {cpu_model()}"
