@@ -159,7 +159,7 @@ def provenance_markdown(records: dict[Cell, dict]) -> str:
              "|---|---|---|---|"]
     for cell, record in records.items():
         segments = record["train"].get("segments")
-        trained = "; ".join(f"{_short(s['code'])} from {s['from_step']} ({s['device']})"
+        trained = "; ".join(f"{_short(s['code'])} from {s['from_step']} ({s['device'] or 'unknown'})"
                             for s in segments) if segments else "not kept (trained before they were)"
         prov = record["provenance"]
         precision = (prov["precision"] or "unknown").split()[0]  # without the probe's reason

@@ -205,7 +205,9 @@ class TranslationModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.totals = dict(checkpoint.get("nmt_totals", self.totals))
-        self.segments = list(checkpoint.get("nmt_segments", []))  # none in older checkpoints
+        # A checkpoint from before segments were kept: what trained it is unknown, not absent.
+        unknown = {"from_step": 0, "code": None, "device": None, "precision": None, "started": None}
+        self.segments = list(checkpoint.get("nmt_segments", [unknown]))
         self.validated_step = checkpoint.get("nmt_validated_step", -1)
 
     def on_validation_epoch_start(self) -> None:

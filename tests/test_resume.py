@@ -74,6 +74,17 @@ def test_step_budget_inside_an_epoch_then_continue(corpus, straight, tmp_path, b
     assert all(s["device"].startswith("CPU: ") and s["precision"] for s in segments)
 
 
+def test_resume_from_a_checkpoint_without_segments_says_they_are_unknown(corpus, tmp_path):
+    """Checkpoints written before segments were kept resume with an unknown first segment."""
+    assert main(args(corpus, tmp_path, "trainer.max_steps=2")) == 0
+    old = checkpoint(tmp_path)
+    del old["nmt_segments"]
+    torch.save(old, tmp_path / "last.ckpt")
+    assert main(args(corpus, tmp_path, "trainer.max_steps=3")) == 0
+    segments = json.loads((tmp_path / "train_stats.json").read_text())["segments"]
+    assert [(s["from_step"], s["code"]) for s in segments] == [(0, None), (2, code_commit())]
+
+
 def test_time_budget_then_continue(corpus, straight, tmp_path, monkeypatch):
     """Steps slowed to 0.4 s each: a 1-second budget stops inside the first epoch."""
     from nmt.training import TranslationModule
