@@ -19,7 +19,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 import yaml
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, Timer, WeightAveraging
 from lightning.pytorch.loggers import CSVLogger
@@ -32,6 +31,7 @@ from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.tokenizer import PAD, Tokenizer
 from nmt.errors import NMTError
 from nmt.files import write_atomic
+from nmt.loss import smoothed_cross_entropy
 from nmt.metrics import bleu_from_statistics, bleu_statistics
 from nmt.models import build_model, check_model_config
 from nmt.precision import trainer_precision, training_precision
@@ -153,8 +153,8 @@ class TranslationModule(L.LightningModule):
         """Mean token loss over non-pad targets, and the number of such tokens."""
         logits = self.model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
         target = batch.tgt_out.flatten()
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=PAD,
-                               label_smoothing=label_smoothing)  # fp32 softmax under bf16
+        # fp32 softmax under bf16, a block of rows at a time (nmt/loss.py: 1.1-1.2x per step)
+        loss = smoothed_cross_entropy(logits.flatten(0, 1), target, label_smoothing, PAD)
         return loss, (target != PAD).sum()
 
     def on_fit_start(self) -> None:

@@ -4,7 +4,8 @@
 
 Every variant trains a fresh model on the same real batches (Multi30k, the config's token
 budget). The reference is the shipped setup: glibc malloc keeping freed memory
-(nmt.allocator), bf16 autocast, dropout masks drawn by nmt.dropout and, for the
+(nmt.allocator), bf16 autocast, dropout masks drawn by nmt.dropout, the blockwise
+label-smoothed cross-entropy of nmt.loss and, for the
 Transformer, the explicit attention path at sentence lengths with no dropout on attention
 weights or inside the feed-forward layer.
 Each other variant turns one lever off; its speed-up is its seconds per step over the
@@ -31,6 +32,7 @@ from nmt.config import load_config
 from nmt.data.batching import TokenBatchSampler, collate
 from nmt.data.module import prepare_data, split_dataset
 from nmt.data.tokenizer import PAD
+from nmt.loss import smoothed_cross_entropy
 from nmt.models import build_model
 
 
@@ -41,6 +43,7 @@ class Variant:
     bf16: bool = True
     fused_attention_everywhere: bool = False
     torch_dropout: bool = False  # torch's dropout (bernoulli_ masks) instead of nmt.dropout's
+    torch_loss: bool = False  # F.cross_entropy on an fp32 copy instead of nmt.loss's
 
 
 def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -56,8 +59,12 @@ def seconds_per_step(variant: Variant, model_cfg: dict, vocab: int, batches, smo
     def step(batch):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=variant.bf16):
             logits = model(batch.src, batch.src_mask, batch.tgt_in)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
-                                   ignore_index=PAD, label_smoothing=smoothing)
+            if variant.torch_loss:
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                                       ignore_index=PAD, label_smoothing=smoothing)
+            else:
+                loss = smoothed_cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(),
+                                              smoothing, PAD)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -87,7 +94,8 @@ def main() -> None:
     batches = [collate([train[i] for i in b]) for b in list(sampler)[: args.steps + 1]]
     reference = Variant("shipped setup (reference)", {})
     off = [Variant("fp32 (no bf16 autocast)", {}, bf16=False),
-           Variant("torch's dropout masks (bernoulli_)", {}, torch_dropout=True)]
+           Variant("torch's dropout masks (bernoulli_)", {}, torch_dropout=True),
+           Variant("torch's cross-entropy on an fp32 copy", {}, torch_loss=True)]
     if cfg.model["family"] == "transformer":
         off += [Variant("fused SDPA at every length", {}, fused_attention_everywhere=True),
                 Variant("attn+ff dropout 0.1", {"attention_dropout": 0.1, "ff_dropout": 0.1})]

@@ -1,0 +1,58 @@
+"""nmt.loss: blockwise label-smoothed cross-entropy, against torch's on an fp32 copy."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nmt.loss
+from nmt.loss import smoothed_cross_entropy
+
+PAD = 0
+
+
+def loss_and_grad(loss_fn, logits: torch.Tensor, target: torch.Tensor, eps: float):
+    x = logits.clone().requires_grad_()
+    loss = loss_fn(x, target, eps)
+    (2.5 * loss).backward()  # a grad_output other than 1 must scale the gradient
+    return loss.detach(), x.grad
+
+
+def reference(x, target, eps):
+    return F.cross_entropy(x.float(), target, ignore_index=PAD, label_smoothing=eps)
+
+
+def ours(x, target, eps):
+    return smoothed_cross_entropy(x, target, eps, PAD)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("block_elements", [7, 100, 2**19])  # a block of 1 row, ragged, all rows
+def test_value_and_gradient_match_torch_with_ignored_rows(monkeypatch, eps, block_elements):
+    monkeypatch.setattr(nmt.loss, "CHUNK_ELEMENTS", block_elements)
+    torch.manual_seed(0)
+    logits = 3 * torch.randn(37, 11)
+    target = torch.randint(1, 11, (37,))
+    target[[0, 5, 36]] = PAD
+    expected, expected_grad = loss_and_grad(reference, logits, target, eps)
+    loss, grad = loss_and_grad(ours, logits, target, eps)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert torch.allclose(grad, expected_grad, atol=1e-7)
+    assert grad[[0, 5, 36]].abs().max() == 0  # ignored rows get no gradient
+
+
+def test_bf16_logits_get_an_fp32_loss_and_a_bf16_gradient_like_an_fp32_copy():
+    torch.manual_seed(1)
+    logits = (4 * torch.randn(50, 300)).bfloat16()
+    target = torch.randint(0, 300, (50,))
+    expected, expected_grad = loss_and_grad(reference, logits, target, 0.1)
+    loss, grad = loss_and_grad(ours, logits, target, 0.1)
+    assert loss.dtype == torch.float32 and grad.dtype == torch.bfloat16
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert torch.allclose(grad.float(), expected_grad.float(), rtol=1e-2, atol=1e-6)
+
+
+def test_every_row_ignored_gives_zero_not_nan():
+    logits = torch.randn(4, 9, requires_grad=True)
+    loss = smoothed_cross_entropy(logits, torch.full((4,), PAD), 0.1, PAD)
+    loss.backward()
+    assert loss.item() == 0.0 and logits.grad.abs().max() == 0
