@@ -51,6 +51,35 @@ def test_bf16_logits_get_an_fp32_loss_and_a_bf16_gradient_like_an_fp32_copy():
     assert torch.allclose(grad.float(), expected_grad.float(), rtol=1e-2, atol=1e-6)
 
 
+@pytest.mark.parametrize("ignore_index", [3, -100])  # an index inside the vocabulary, or not
+def test_any_ignore_index_and_non_contiguous_logits(ignore_index):
+    torch.manual_seed(2)
+    logits = torch.randn(6, 20, 9).transpose(0, 1).flatten(0, 1)  # (120, 9), not contiguous
+    target = torch.randint(0, 9, (120,))
+    target[::7] = ignore_index
+
+    def torch_loss(x, t, eps):
+        return F.cross_entropy(x, t, ignore_index=ignore_index, label_smoothing=eps)
+
+    def our_loss(x, t, eps):
+        return smoothed_cross_entropy(x, t, eps, ignore_index)
+
+    expected, expected_grad = loss_and_grad(torch_loss, logits, target, 0.2)
+    loss, grad = loss_and_grad(our_loss, logits, target, 0.2)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert torch.allclose(grad, expected_grad, atol=1e-7)
+
+
+def test_under_autocast_and_no_grad_the_loss_is_the_same_fp32_value():
+    torch.manual_seed(3)
+    logits = torch.randn(40, 50)
+    target = torch.randint(0, 50, (40,))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = smoothed_cross_entropy(logits, target, 0.1, PAD)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(reference(logits, target, 0.1).item(), rel=1e-6)
+
+
 def test_every_row_ignored_gives_zero_not_nan():
     logits = torch.randn(4, 9, requires_grad=True)
     loss = smoothed_cross_entropy(logits, torch.full((4,), PAD), 0.1, PAD)
