@@ -56,6 +56,8 @@ def named_overrides(args: argparse.Namespace) -> list[str]:
 def cmd_compare(args: argparse.Namespace, extra: list[str]) -> None:
     from nmt.compare import load_compare_config, run_compare
 
+    if args.jobs < 1:
+        raise NMTError(f"--jobs must be at least 1, got {args.jobs}")
     cfg = load_compare_config(args.config)
     out = Path(args.out or f"study/{args.preset}")
     runs = Path(args.runs or f"checkpoints/study/{args.preset}")
@@ -64,7 +66,7 @@ def cmd_compare(args: argparse.Namespace, extra: list[str]) -> None:
 
         measure_cost(cfg, args.preset, out)
     run_compare(cfg, args.preset, out, runs, named_overrides(args) + dotted_overrides(extra),
-                seeds=args.seeds, train=not (args.tables_only or args.cost))
+                seeds=args.seeds, train=not (args.tables_only or args.cost), workers=args.jobs)
 
 
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
@@ -342,6 +344,9 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--cost", action="store_true",
                          help="train nothing: bench each scorer's training cost (on a quiet "
                               "machine), write <out>/cost.json, rebuild the tables")
+    compare.add_argument("--jobs", type=int, default=1,
+                         help="cells trained at once, each in its own process with an equal share of "
+                              "the CPU threads (for a GPU that one small cell leaves idle; default 1)")
     compare.add_argument("--train-lines", type=int)
     compare.add_argument("--max-epochs", type=int)
     compare.add_argument("--src-lang")

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import os
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,16 +161,48 @@ def train_cell(cell: Cell, config_file: str, overrides: list[str], run_dir: Path
         raise NMTError(f"training {cell.name} failed; see {run_dir / 'train.log'}")
 
 
-def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: list[str],
-                seeds: int | None = None, train: bool = True) -> list[dict]:
-    """Train (if ``train``) and record every cell missing from ``out``; rebuild the tables.
+def record_cell(cfg: CompareConfig, preset: str, cell: Cell, config_file: str,
+                overrides: list[str], key: str, resolved: dict, run_dir: Path,
+                record_dir: Path) -> str:
+    """Train one cell (unless its run is finished) and write its record; returns its name."""
+    from nmt.study_cell import finish_cell
 
-    Without ``train``, only cells already recorded (or trained) are tabled."""
-    from nmt.study_cell import finish_cell, read_record
+    train_cell(cell, config_file, overrides, run_dir)
+    print(f"  {cell.name}: decoding and recording", flush=True)
+    finish_cell(cfg, preset, cell, key, resolved, run_dir, record_dir)
+    return cell.name
+
+
+def record_in_parallel(jobs: list[tuple], workers: int) -> None:
+    """``record_cell(*job)`` for every job, ``workers`` cells at a time, each in its own process
+    with an equal share of the CPU threads (e.g. several small cells sharing one GPU). A cell
+    that fails does not stop the others; the failures are reported at the end."""
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by the workers and their training children
+    failed = []
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {pool.submit(record_cell, *job): job[2].name for job in jobs}
+        for done in as_completed(running):
+            try:
+                print(f"  {done.result()}: recorded", flush=True)
+            except (NMTError, OSError, RuntimeError) as err:
+                failed.append(running[done])
+                print(f"  {running[done]}: failed: {err}", flush=True)
+    if failed:
+        raise NMTError(f"{len(failed)} cells failed: {', '.join(failed)}")
+
+
+def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: list[str],
+                seeds: int | None = None, train: bool = True, workers: int = 1) -> list[dict]:
+    """Train (if ``train``) and record every cell missing from ``out``, ``workers`` cells at a
+    time; rebuild the tables. Without ``train``, only cells already recorded (or trained) are
+    tabled."""
+    from nmt.study_cell import read_record
     from nmt.study_report import write_report
 
     cells = cells_of(cfg, preset, seeds)
     print(f"{len(cells)} cells, preset {preset}, records in {out}, runs in {runs}", flush=True)
+    jobs = []
     for cell in cells:
         config_file, overrides = cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra)
         key, resolved = cell_key(config_file, overrides)
@@ -176,9 +211,11 @@ def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: l
             print(f"  {cell.name}: recorded already, reused", flush=True)
             continue
         run_dir = runs / f"{cell.name}-{key}"
-        if not train and not (run_dir / "train_stats.json").is_file():
-            continue
-        train_cell(cell, config_file, overrides, run_dir)
-        print(f"  {cell.name}: decoding and recording", flush=True)
-        finish_cell(cfg, preset, cell, key, resolved, run_dir, record_dir)
-    return write_report(cfg, preset, out)
+        if train or (run_dir / "train_stats.json").is_file():
+            jobs.append((cfg, preset, cell, config_file, overrides, key, resolved, run_dir, record_dir))
+    if workers > 1 and len(jobs) > 1:
+        record_in_parallel(jobs, workers)
+    else:
+        for job in jobs:
+            record_cell(*job)
+    return write_report(cfg, preset, out, extra, seeds)

@@ -3,6 +3,7 @@ study records."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -15,14 +16,16 @@ PACKAGE = Path(__file__).resolve().parent
 
 def code_commit() -> str | None:
     """``git rev-parse HEAD`` of the checkout this package runs from (+ "-dirty" with local
-    changes to tracked files); None outside a git checkout (e.g. an installed wheel)."""
+    changes to tracked files). Outside a git checkout (an installed wheel, a copy of the work
+    tree on a remote GPU machine): the variable NMT_CODE_COMMIT where the copier set it, else
+    None."""
     try:
         head = subprocess.run(["git", "-C", str(PACKAGE), "rev-parse", "HEAD"],
                               capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "-C", str(PACKAGE), "status", "--porcelain",
                                 "--untracked-files=no"], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
-        return None
+        return os.environ.get("NMT_CODE_COMMIT")
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 

@@ -28,13 +28,15 @@ from nmt.study_cost import cost_markdown
 from nmt.study_figures import draw_figures
 
 
-def current_records(cfg: CompareConfig, preset: str, out: Path) -> dict[Cell, dict]:
-    """Records of the preset's cells whose key still matches their resolved configuration."""
+def current_records(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | None = None,
+                    seeds: int | None = None) -> dict[Cell, dict]:
+    """Records of the preset's cells (with the command line's ``extra`` options and ``seeds``)
+    whose key still matches their resolved configuration."""
     found = {}
-    for cell in cells_of(cfg, preset):
+    for cell in cells_of(cfg, preset, seeds):
         record = read_record(out / "cells" / cell.name)
         if record is not None:
-            key, _ = cell_key(cfg.families[cell.family], cell_overrides(cfg, preset, cell, []))
+            key, _ = cell_key(cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra or []))
             if record["key"] == key:
                 record["hyps"] = read_hypotheses(out / "cells" / cell.name)
                 found[cell] = record
@@ -175,15 +177,16 @@ def _short(commit: str | None) -> str:
     return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")
 
 
-def write_report(cfg: CompareConfig, preset: str, out: Path) -> list[dict]:
-    """compare.{md,json,csv} and the figures of every recorded cell."""
-    records = current_records(cfg, preset, out)
+def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | None = None,
+                 seeds: int | None = None) -> list[dict]:
+    """compare.{md,json,csv} and the figures of every recorded cell (see ``current_records``)."""
+    records = current_records(cfg, preset, out, extra, seeds)
     if not records:
         print("no recorded cells yet: nothing to table", flush=True)
         return []
     first = next(iter(records.values()))
     data = load_config(cfg.families[next(iter(records)).family],
-                       cell_overrides(cfg, preset, next(iter(records)), [])).data
+                       cell_overrides(cfg, preset, next(iter(records)), extra or [])).data
     refs = list(load_corpus(data)["test"]["tgt"])
     rows = summarise(cfg, records, bootstrap_p_values(cfg, records, refs))
     table = markdown(rows, first["scores"]["bleu_signature"])

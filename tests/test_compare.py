@@ -143,6 +143,31 @@ def test_cells_are_reused_only_when_their_configuration_matches(study, capsys):
     assert record_a["key"] != record_b["key"] and record_b["config"]["optim"]["lr"] == 0.0007
 
 
+def test_cells_train_in_parallel_into_their_own_records(study, capsys):
+    """--jobs 2: two new cells train at once, each in its own process, and each record is its
+    own cell's (seed, key), as the sequential study would write it."""
+    from nmt import compare
+
+    run, out, _, folder = study
+    capsys.readouterr()
+    assert run("b", "--seeds", "3", "--jobs", "2") == 0
+    log = capsys.readouterr().out
+    assert "rnn_additive_seed2: recorded" in log and "rnn_additive_seed3: recorded" in log
+    cfg = compare.load_compare_config(str(folder / "compare.yaml"))
+    for seed in (2, 3):
+        record = json.loads((out / f"b/cells/rnn_additive_seed{seed}/record.json").read_text())
+        cell = compare.Cell("main", "rnn", "additive", "base", seed)
+        key, _ = compare.cell_key(cfg.families["rnn"], compare.cell_overrides(cfg, "b", cell, []))
+        assert record["config"]["seed"] == seed and record["key"] == key
+    assert read_rows(out / "b")[("main", "rnn", "additive", "base")]["seeds"] == 3
+
+
+def test_jobs_below_one_is_an_error(study, capsys):
+    run, _, _, _ = study
+    assert run("b", "--jobs", "0") == 1
+    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_tables_rebuild_from_records_alone(study, capsys):
     run, out, _, folder = study
     before = read_rows(out / "a")
