@@ -20,7 +20,7 @@ from nmt.data.batching import PairDataset, TokenBatchSampler, collate
 from nmt.data.corpus import load_corpus, read_pairs
 from nmt.data.module import prepare_data, split_dataset
 from nmt.data.prepare import load_side, prepare, sample_pairs
-from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
 from nmt.errors import NMTError
 
 from .conftest import MULTI30K, write_corpus
@@ -34,6 +34,22 @@ def test_local_multi30k_layout(src, tgt):
     with gzip.open(MULTI30K / f"val.{src}.gz", "rt", encoding="utf-8") as f:
         first = f.readline().rstrip("\n")
     assert corpus["val"][0]["src"] == first
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason="data/multi30k not linked")
+def test_tokenizer_is_the_same_on_any_number_of_cores(tmp_path, monkeypatch):
+    """SentencePiece learns other pieces with other thread counts (2 and 16 differ on these
+    3,000 pairs); the tokenizer must not depend on the machine that trains it."""
+    texts = []
+    for lang in ("de", "en"):
+        with gzip.open(MULTI30K / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            texts += [next(f).rstrip("\n") for _ in range(3000)]
+    pieces = {}
+    for cores in (2, 16):
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        tokenizer = train_tokenizer(texts, tmp_path / f"{cores}.model", 1000)
+        pieces[cores] = [tokenizer.sp.id_to_piece(i) for i in range(len(tokenizer))]
+    assert pieces[2] == pieces[16]
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="data/multi30k not linked")

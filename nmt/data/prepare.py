@@ -34,7 +34,7 @@ from nmt.data.corpus import Source, read_pairs, source_identity, split_sources
 from nmt.data.tokenizer import Tokenizer, train_tokenizer
 from nmt.errors import NMTError
 
-FORMAT = 1  # bump when the layout changes: old folders are then ignored
+FORMAT = 2  # bump when the layout or the tokenizer's training changes: old folders are then ignored
 SAMPLE_SEED = 0  # the tokenizer must not depend on the training seed (runs share it)
 WAIT_SECONDS = 4 * 3600  # how long other ranks wait for local rank 0 to prepare
 

@@ -42,6 +42,13 @@ class Tokenizer:
         return [self.sp.id_to_piece(i) for i in ids]
 
 
+# SentencePiece's unigram training splits its EM passes across threads, and the split changes
+# the learned pieces: 16 threads and 2 threads give different models from the same text (the
+# attention study's GPU cells, README). A fixed count makes the tokenizer the same on every
+# machine; 2 is what the 2-core machines that prepared the study's first cells used.
+SPM_THREADS = 2
+
+
 def train_tokenizer(texts, path: Path, vocab_size: int) -> Tokenizer:
     """Train a unigram SentencePiece model on ``texts`` and write it atomically to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,6 +74,6 @@ def _train(texts, prefix: str, vocab_size: int) -> None:
         unk_id=UNK,
         bos_id=BOS,
         eos_id=EOS,
-        num_threads=os.cpu_count() or 1,
+        num_threads=SPM_THREADS,
         minloglevel=2,
     )
