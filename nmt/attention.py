@@ -17,6 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt.dropout import dropout as apply_dropout
 from nmt.errors import NMTError
@@ -151,6 +152,11 @@ class ScaledDotScorer(DotScorer):
     """
 
     FUSED_CPU_MIN_SCORES = 512 * 512  # T * S from which the (T, S) weights cost real memory
+    # Every fused kernel but cuDNN's, PyTorch's first choice on Hopper GPUs: it builds a graph
+    # for each new (batch, length) shape, 0.64 s each on an H100 against 0.5 ms per call
+    # after, and translation batches seldom repeat a shape: the default Transformer's training
+    # step ran 5x slower with it (README, Performance).
+    FUSED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         return (query / math.sqrt(query.size(-1))) @ keys.transpose(-1, -2)  # (..., T, S)
@@ -159,9 +165,10 @@ class ScaledDotScorer(DotScorer):
         long = query.size(-2) * keys.size(-2) >= self.FUSED_CPU_MIN_SCORES
         if need_weights or not (query.is_cuda or long):
             return super().attend(query, keys, values, mask, dropout, need_weights)
-        context = F.scaled_dot_product_attention(
-            query, keys, values, attn_mask=mask, dropout_p=dropout if self.training else 0.0
-        )
+        with sdpa_kernel(self.FUSED_BACKENDS):
+            context = F.scaled_dot_product_attention(
+                query, keys, values, attn_mask=mask, dropout_p=dropout if self.training else 0.0
+            )
         return context, None
 
 
