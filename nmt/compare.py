@@ -9,7 +9,8 @@ statistics and matrices; never weights) in ``<out>/cells/<cell>/``, a folder mea
 committed: ``nmt.study_report`` rebuilds every table and chart from the records alone.
 
 A cell is reused only when its record's key matches, so a changed preset, override or seed
-trains a new cell; an interrupted study loses only the cell in progress.
+trains a new cell; an interrupted study loses only the cells in progress. ``--jobs N`` trains N
+cells at once: small models leave a GPU mostly idle (8 at a time on an H100, README).
 """
 
 from __future__ import annotations
