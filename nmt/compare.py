@@ -174,14 +174,19 @@ def record_cell(cfg: CompareConfig, preset: str, cell: Cell, config_file: str,
     return cell.name
 
 
+def _use_threads(threads: int) -> None:
+    """A worker's CPU share, set before it imports torch; its training children inherit it."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
 def record_in_parallel(jobs: list[tuple], workers: int) -> None:
     """``record_cell(*job)`` for every job, ``workers`` cells at a time, each in its own process
     with an equal share of the CPU threads (e.g. several small cells sharing one GPU). A cell
     that fails does not stop the others; the failures are reported at the end."""
     threads = max(1, (os.cpu_count() or 1) // workers)
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by the workers and their training children
     failed = []
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_use_threads, initargs=(threads,)) as pool:
         running = {pool.submit(record_cell, *job): job[2].name for job in jobs}
         for done in as_completed(running):
             try:
