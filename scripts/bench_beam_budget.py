@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from nmt.allocator import keep_freed_memory
 from nmt.data.corpus import load_corpus
 from nmt.translator import Translator
 
@@ -22,6 +23,7 @@ def main() -> None:
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--budgets", default="8000,4000,1600", help="decoding token budgets")
     args = parser.parse_args()
+    keep_freed_memory()  # as the nmt command does: else every large tensor is page-faulted anew
     budgets = [int(b) for b in args.budgets.split(",")]
 
     translator = Translator.from_run_dir(args.run, precision=args.precision)

@@ -14,6 +14,7 @@ import time
 
 from torch.profiler import ProfilerActivity, profile
 
+from nmt.allocator import keep_freed_memory
 from nmt.data.corpus import load_corpus
 from nmt.translator import Translator
 
@@ -27,6 +28,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N sentences only")
     parser.add_argument("--rows", type=int, default=18, help="operators shown")
     args = parser.parse_args()
+    keep_freed_memory()  # as the nmt command does: else every large tensor is page-faulted anew
 
     translator = Translator.from_run_dir(args.run, precision=args.precision)
     lines = list(load_corpus(translator.config.data)[args.split]["src"])[: args.limit]
