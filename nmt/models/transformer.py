@@ -8,7 +8,8 @@ Pre-norm residual blocks by default (x + f(LN(x)); post-norm LN(x + f(x)) as in 
 is one flag away), sinusoidal positions (section 3.5), and one embedding matrix shared by
 source, target and the output layer (section 3.4), possible because the vocabulary is joint.
 Decoding is incremental: each layer caches the prepared keys and values of the positions
-generated so far, and the encoder-side keys/values of every layer are computed once.
+generated so far (``nmt.models.cache``), and the encoder-side keys/values of every layer
+are computed once.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from torch import Tensor, nn
 from nmt.attention import MultiHeadAttention
 from nmt.data.tokenizer import PAD
 from nmt.dropout import Dropout
-from nmt.models.base import beams_as_queries
+from nmt.models.base import beams_as_queries, step_log_probs
+from nmt.models.cache import SelfAttentionCache, batch_major
 
 
 def sinusoids(length: int, dim: int) -> Tensor:
@@ -83,17 +85,19 @@ class DecoderLayer(nn.Module):
         self.res_cross = Residual(d_model, dropout, pre_norm)
         self.res_ff = Residual(d_model, dropout, pre_norm)
 
-    def forward(self, x, cross_kv, src_mask, self_mask, cache=None, need_attn=False):
-        """x (B, T, D) new positions; cross_kv from ``cross_attn.project_keys``; cache: the
-        (keys, values) of earlier positions or None -> (B, T, D), updated cache, cross-attn
-        weights (B, H, T, S) or None."""
-        cached = {}
+    def forward(self, x, cross_kv, src_mask, self_mask, cache: SelfAttentionCache | None = None,
+                index: int = 0, need_attn: bool = False):
+        """x (B, T, D); cross_kv from ``cross_attn.project_keys``; ``cache`` when decoding (x
+        holds one new position; this is layer ``index`` of it) or None (teacher forcing: x
+        holds every position) -> (B, T, D), this layer's (keys, values) of all positions,
+        time-major (T, B, H, Dh), when decoding, cross-attn weights (B, H, T, S) or None."""
+        cached = {"kv": None}
 
         def self_attend(h: Tensor) -> Tensor:
             keys, values = self.self_attn.project_keys(h)  # (B, H, T, .)
-            if cache is not None:  # incremental: prepend the earlier positions
-                keys, values = torch.cat([cache[0], keys], 2), torch.cat([cache[1], values], 2)
-            cached["kv"] = (keys, values)
+            if cache is not None:  # incremental: the earlier positions, then this one
+                cached["kv"] = cache.extend(index, keys, values)
+                keys, values = (batch_major(kv) for kv in cached["kv"])
             return self.self_attn(h, (keys, values), self_mask)[0]
 
         def cross_attend(h: Tensor) -> Tensor:
@@ -152,27 +156,28 @@ class TransformerModel(nn.Module):
         x = self.enc_norm(x)
         return {"cross": [layer.cross_attn.project_keys(x) for layer in self.decoder], "mask": mask}
 
-    def init_state(self, memory: dict) -> dict:
-        return {"step": 0, "layers": [None] * len(self.decoder)}
+    def init_state(self, memory: dict) -> SelfAttentionCache:
+        return SelfAttentionCache()
 
-    def _decode(self, x: Tensor, memory: dict, self_mask, caches, need_attn: bool):
-        """Decoder stack -> logits (B, T, V), new caches, cross-attention weights of every
-        layer (B, L, H, T, S) or None."""
-        attns, new_caches = [], []
-        for layer, cross_kv, cache in zip(self.decoder, memory["cross"], caches):
-            x, kv, attn = layer(x, cross_kv, memory["mask"], self_mask, cache, need_attn)
-            new_caches.append(kv)
+    def _decode(self, x: Tensor, memory: dict, self_mask, cache: SelfAttentionCache | None,
+                need_attn: bool):
+        """Decoder stack -> logits (B, T, V), the grown cache (when decoding, else None),
+        cross-attention weights of every layer (B, L, H, T, S) or None."""
+        attns, layers = [], []
+        for index, (layer, cross_kv) in enumerate(zip(self.decoder, memory["cross"])):
+            x, kv, attn = layer(x, cross_kv, memory["mask"], self_mask, cache, index, need_attn)
+            layers.append(kv)
             attns.append(attn)
         attn = torch.stack(attns, 1) if need_attn else None
-        return F.linear(self.dec_norm(x), self.embed.weight), new_caches, attn
+        grown = SelfAttentionCache(tuple(layers)) if cache is not None else None
+        return F.linear(self.dec_norm(x), self.embed.weight), grown, attn
 
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing: (B, S), (B, S), (B, T) -> logits (B, T, V)."""
         memory = self.encode(src, src_mask)
         t = tgt_in.size(1)
         causal = torch.ones(t, t, dtype=torch.bool, device=src.device).tril().unsqueeze(0)
-        caches = [None] * len(self.decoder)
-        logits, _, _ = self._decode(self._embed(tgt_in), memory, causal, caches, False)
+        logits, _, _ = self._decode(self._embed(tgt_in), memory, causal, None, False)
         return logits
 
     def forward_flops(self, src: Tensor, tgt_in: Tensor) -> int:
@@ -186,13 +191,11 @@ class TransformerModel(nn.Module):
         output = 2 * t * self.d_model * self.embed.num_embeddings
         return b * (enc + dec + output)
 
-    def decode_step(self, prev: Tensor, state: dict, memory: dict, need_attn: bool = False):
-        """(B,) -> log-probs (B, V), state with caches grown by one position, and the
+    def decode_step(self, prev: Tensor, state: SelfAttentionCache, memory: dict,
+                    need_attn: bool = False):
+        """(B,) -> log-probs (B, V), the cache grown by one position, and the
         cross-attention of every layer and head (B, L, H, S), or None."""
-        x = self._embed(prev.unsqueeze(1), start=state["step"])  # (B, 1, D)
-        logits, caches, attn = self._decode(x, memory, None, state["layers"], need_attn)
-        state = {"step": state["step"] + 1, "layers": caches}
+        x = self._embed(prev.unsqueeze(1), start=state.length)  # (B, 1, D)
+        logits, state, attn = self._decode(x, memory, None, state, need_attn)
         attn = attn.squeeze(3) if attn is not None else None  # (B, L, H, S)
-        # fp32 scores, also under bf16 autocast: casting as log_softmax reads takes 0.8x the
-        # time of a .float() copy first
-        return torch.log_softmax(logits.squeeze(1), dim=-1, dtype=torch.float32), state, attn
+        return step_log_probs(logits.squeeze(1)), state, attn
