@@ -136,10 +136,6 @@ def cell_overrides(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]
 # valid when such an option is added.
 NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar",),
               "data": ("hub_streaming",), "decoding": ("precision",)}
-# Options added after cells were recorded, with the value at which training behaves as it did
-# before they existed: at that value they stay out of the key, so recorded cells stay valid
-# (the study preset pins them there).
-KEY_AS_BEFORE = {"optim": {"max_warmup_share": 1.0}}
 
 
 def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
@@ -148,10 +144,6 @@ def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
     for section, keys in NOT_IN_KEY.items():
         for key in keys:
             (resolved[section] if section else resolved).pop(key, None)
-    for section, options in KEY_AS_BEFORE.items():
-        for key, value in options.items():
-            if resolved[section].get(key) == value:
-                del resolved[section][key]
     text = json.dumps(resolved, sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:12], resolved
 

@@ -49,7 +49,6 @@ class OptimConfig:
     label_smoothing: float = 0.1
     schedule: str = "inverse_sqrt"  # see nmt.training.SCHEDULES
     warmup_steps: int = 1000  # inverse_sqrt and cosine
-    max_warmup_share: float = 0.3  # cosine: warm-up takes at most this share of the budget's steps
     plateau_factor: float = 0.5  # plateau: lr *= factor when validation BLEU stalls
     plateau_patience: int = 1
     min_lr: float = 1e-6  # plateau's lower bound; cosine's floor at the end of the budget

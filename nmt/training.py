@@ -49,22 +49,15 @@ def inverse_sqrt(warmup: int):
     return lambda step: min((step + 1) / warmup, (warmup / (step + 1)) ** 0.5)
 
 
-def warmup_cosine(warmup: int, horizon: Callable[[int], float], floor: float,
-                  max_warmup_share: float = 1.0):
+def warmup_cosine(warmup: int, horizon: Callable[[int], float], floor: float):
     """Linear warm-up, then half a cosine from the peak lr down to ``floor`` x peak at the
     budget's last step, ``horizon(step)`` (Loshchilov & Hutter 2017, one cycle): for a fixed
-    budget, where annealing to its end pays more than a schedule that never ends.
-
-    The warm-up lasts ``warmup`` steps, but at most ``max_warmup_share`` of the budget: a time
-    budget gives a slow machine few steps, and 400 warm-up steps of the 558 that 15 minutes
-    gave a 2-core CPU left the cosine 158 steps to use the peak rate and anneal (README)."""
+    budget, where annealing to its end pays more than a schedule that never ends."""
 
     def factor(step: int) -> float:
-        end = horizon(step)
-        ramp = max(1.0, min(warmup, max_warmup_share * end))
-        if step < ramp:
-            return (step + 1) / ramp
-        progress = min(1.0, (step - ramp) / max(1.0, end - ramp))
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1.0, horizon(step) - warmup))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
@@ -254,7 +247,7 @@ class TranslationModule(L.LightningModule):
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
         if optim.schedule == "cosine":
             factor = warmup_cosine(optim.warmup_steps, budget_horizon(self.trainer),
-                                   optim.min_lr / optim.lr, optim.max_warmup_share)
+                                   optim.min_lr / optim.lr)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(

@@ -57,13 +57,3 @@ def test_cosine_over_epochs_reaches_its_floor_at_the_last_step(tmp_path):
                  "trainer.early_stopping_patience=10"]) == 0
     state = torch.load(run / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(1e-5)
-
-
-def test_cosine_warm_up_takes_at_most_its_share_of_a_short_budget():
-    """A slow machine's time budget has few steps: the warm-up shrinks to a share of them."""
-    short = warmup_cosine(warmup=400, horizon=lambda step: 500, floor=0.0, max_warmup_share=0.3)
-    assert short(74) == pytest.approx(0.5) and short(149) == pytest.approx(1.0)  # 150 steps
-    assert short(150) == pytest.approx(1.0) and short(500) == pytest.approx(0.0)
-    assert short(325) == pytest.approx(0.5)  # halfway down from the peak, from step 150 to 500
-    long = warmup_cosine(warmup=400, horizon=lambda step: 5000, floor=0.0, max_warmup_share=0.3)
-    assert long(199) == pytest.approx(0.5) and long(399) == pytest.approx(1.0)  # its own 400

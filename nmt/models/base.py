@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import torch
 from torch import Tensor
 
 
@@ -37,16 +36,6 @@ class Seq2Seq(Protocol):
     def decode_step(
         self, prev: Tensor, state: Any, memory: Any, need_attn: bool = False
     ) -> tuple[Tensor, Any, Tensor | None]: ...
-
-
-def step_log_probs(logits: Tensor) -> Tensor:
-    """A decoding step's logits (B, V) -> fp32 log-probabilities (B, V), also under bf16
-    autocast: cast as log_softmax reads them (0.8x the time of a ``.float()`` copy first), and
-    written over the logits when they already are fp32, so that beam search's (K x greedy's)
-    rows fill one buffer, not two (fp32 beam 5 over test2016 ran N% faster; README)."""
-    if logits.dtype == torch.float32 and not logits.requires_grad:
-        return torch.log_softmax(logits, dim=-1, out=logits)
-    return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
 
 
 def select_rows(nest: Any, index: Tensor) -> Any:

@@ -8,6 +8,9 @@ costs two copies of the whole cache per step and layer: ``index_select`` for the
 reorder is only recorded (``order``): the next step gathers the reordered rows of the old
 positions straight into the first T slots of the grown tensor, one copy instead of two.
 Attention reads the cache through a (B, H, T, Dh) view of it, which matmul takes as it is.
+Measured against the (B, H, T, Dh) cache in one process (fp32, 2-core AMD EPYC family 25 model
+1, the 30-minute Transformer): beam 5 over test2016 1.03x faster, over inputs of three joined
+test sentences 1.04x; the copies it saves grow with the output length.
 """
 
 from __future__ import annotations
