@@ -41,7 +41,7 @@ class Seq2Seq(Protocol):
 def select_rows(nest: Any, index: Tensor) -> Any:
     """Apply ``index_select(0, index)`` to every tensor in a nest, and to any other leaf that
     offers it (the Transformer's ``SelfAttentionCache``); other leaves pass through."""
-    if isinstance(nest, Tensor) or hasattr(nest, "index_select"):
+    if hasattr(nest, "index_select"):  # a tensor, or a leaf that reorders itself
         return nest.index_select(0, index)
     if isinstance(nest, dict):
         return {key: select_rows(value, index) for key, value in nest.items()}
