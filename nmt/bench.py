@@ -213,6 +213,19 @@ def _speed_ratios(rows: list[dict], first: str) -> dict:
     return ratios
 
 
+def count_rows(model) -> list[int]:
+    """Wrap ``model.decode_step`` to count the decoder rows it is given: [total] (rows decoded is
+    what beam search's cost follows; ``scripts/bench_beam_pruning.py`` reports it)."""
+    rows, step = [0], model.decode_step
+
+    def counting(prev, *args):
+        rows[0] += len(prev)
+        return step(prev, *args)
+
+    model.decode_step = counting
+    return rows
+
+
 def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int | None = None,
                  recompute: bool = True, engines: tuple[str, ...] = ("torch",),
                  precisions: tuple[str, ...] = ("auto",), repeat: int = 3) -> dict:
@@ -243,7 +256,7 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
     if recompute:
         rows.append(_recompute_row(translator, corpus["src"]))
     return {"bench": "decode", "run": str(run_dir), "split": split, "sentences": len(corpus["src"]),
-            "passes": repeat,
+            "passes": repeat, "prune_margin": translator.config.decoding.prune_margin,
             "rows": rows, "peak_rss_mb": round(peak_rss_mb(), 1),
             **_speed_ratios(rows, translator.precision.precision)}
 

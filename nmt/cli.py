@@ -106,12 +106,35 @@ def read_lines(path: str | None) -> list[str]:
     return text
 
 
-def cmd_translate(args: argparse.Namespace) -> None:
+def open_translator(args: argparse.Namespace):
+    """The engine's translator for ``--checkpoint``; ``--prune-margin`` (a number of nats,
+    or none for the full beam) replaces the run's decoding.prune_margin."""
     from nmt.engines import load_translator
-    from nmt.translator import moses_nbest
 
     translator = load_translator(args.checkpoint, args.engine, args.device, args.weights,
                                  args.precision)
+    if args.prune_margin is not None:
+        if args.engine != "torch":
+            raise NMTError("--prune-margin is for the torch engine")
+        try:
+            margin = None if args.prune_margin == "none" else float(args.prune_margin)
+        except ValueError:
+            margin = -1.0
+        if margin is not None and not margin >= 0:  # NaN too
+            raise NMTError(f"--prune-margin must be a number >= 0 or none, got '{args.prune_margin}'")
+        translator.config.decoding.prune_margin = margin
+    return translator
+
+
+def margin_name(margin: float | None) -> str:
+    """A prune margin in a file name: none, 3, 2.5."""
+    return "none" if margin is None else f"{margin:g}"
+
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    from nmt.translator import moses_nbest
+
+    translator = open_translator(args)
     lines = read_lines(args.input)
     need_attn = args.plot_attention is not None
     results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn)
@@ -157,11 +180,9 @@ def plot_attention(translator, lines: list[str], results, folder: str, kind: str
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from nmt.data.corpus import load_corpus
-    from nmt.engines import load_translator
     from nmt.metrics import score_corpus
 
-    translator = load_translator(args.checkpoint, args.engine, args.device, args.weights,
-                                 args.precision)
+    translator = open_translator(args)
     corpus = load_corpus(translator.config.data)
     if args.split not in corpus:
         raise NMTError(f"split '{args.split}' not in the corpus; available: {', '.join(corpus)}")
@@ -171,10 +192,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     scores = score_corpus(hyps, list(references))
     scores.update(split=args.split, beam=beam)
     if args.engine == "torch":
-        scores.update(precision=translator.precision.precision)
+        scores.update(precision=translator.precision.precision,
+                      prune_margin=translator.config.decoding.prune_margin)
     out = Path(args.checkpoint) / "eval"
     name = (f"{args.split}.beam{beam}" + (f".{Path(args.weights).stem}" if args.weights else "")
-            + (f".{args.precision}" if args.precision else ""))
+            + (f".{args.precision}" if args.precision else "")
+            + (f".prune-{margin_name(translator.config.decoding.prune_margin)}"
+               if args.prune_margin else ""))
     write_atomic(out / f"{name}.hyp", "".join(h + "\n" for h in hyps))
     write_atomic(out / f"{name}.json", json.dumps(scores, indent=2) + "\n")
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
@@ -287,6 +311,8 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
         p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
         p.add_argument("--alpha", type=float, default=None, help="GNMT length penalty")
+        p.add_argument("--prune-margin", help="drop beams more than this many nats below the "
+                                              "best (none: keep all K; default: the run's)")
         p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
         p.add_argument("--engine", default="torch",
                        help="torch | ctranslate2 (--checkpoint: a folder from nmt export)")

@@ -136,6 +136,10 @@ def cell_overrides(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]
 # valid when such an option is added.
 NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar",),
               "data": ("hub_streaming",), "decoding": ("precision",)}
+# Options added after cells were recorded, and the value that does what those cells did: at
+# that value an option is left out of the key, so the recorded cells stay valid (the study
+# preset pins it there).
+ADDED_SINCE = {"decoding": {"prune_margin": None}}
 
 
 def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
@@ -144,6 +148,10 @@ def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
     for section, keys in NOT_IN_KEY.items():
         for key in keys:
             (resolved[section] if section else resolved).pop(key, None)
+    for section, options in ADDED_SINCE.items():
+        for key, old_value in options.items():
+            if resolved[section].get(key) == old_value:
+                resolved[section].pop(key, None)
     text = json.dumps(resolved, sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:12], resolved
 

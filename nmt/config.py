@@ -85,6 +85,9 @@ class DecodingConfig:
     alpha: float = 0.6  # GNMT length penalty exponent; 0 = none
     max_len_ratio: float = 1.5  # output may be up to ratio * source length + 5 pieces
     nbest: int = 1
+    # Beam search drops a hypothesis more than this many nats below its sentence's best live
+    # one (1-best only): 18-21% fewer decoder rows, test BLEU within 0.05 (README); null: all K
+    prune_margin: float | None = 3.0
     # auto: bf16 where measured faster on the decoding device (as trainer.precision: auto), else
     # fp32; or 32-true, bf16-mixed, 16-mixed
     precision: str = "auto"

@@ -4,7 +4,9 @@ Beam search is batched over sentences x beam. Each step scores every continuatio
 K live hypotheses, keeps the best 2K candidates, moves those ending in EOS (among the top
 K) to the sentence's finished list, and continues with the best K that did not end.
 A sentence is done when it has K finished hypotheses, or as soon as no live hypothesis can
-still enter its n-best list (see ``Finished``); done sentences leave the batch.
+still enter its n-best list (see ``Finished``); done sentences leave the batch. With a prune
+margin, hypotheses far below their sentence's best live one leave it too, so sentences keep
+1 to K beams and the batch holds one row per live hypothesis (``models.base.Beams``).
 Final scores use the GNMT length penalty (Wu et al. 2016, eq. 14).
 """
 
@@ -16,7 +18,7 @@ import torch
 from torch import Tensor
 
 from nmt.data.tokenizer import BOS, EOS, PAD
-from nmt.models.base import Seq2Seq, select_rows
+from nmt.models.base import Beams, Seq2Seq, select_rows
 
 
 @dataclass
@@ -121,25 +123,36 @@ def beam_search(
     max_len_ratio: float = 1.5,
     nbest: int = 1,
     need_attn: bool = False,
+    prune_margin: float | None = None,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search: (B, S) -> for each sentence its ``nbest`` best hypotheses."""
+    """Batched beam search: (B, S) -> for each sentence its ``nbest`` best hypotheses.
+
+    ``prune_margin`` (nats; 1-best search only, an n-best list would lose entries): a live
+    hypothesis whose log-probability falls more than this below its sentence's best live
+    one is dropped (absolute threshold pruning, Freitag & Al-Onaizan 2017), and the batch
+    shrinks by its row. None keeps all K, as fairseq does.
+    """
     k, device = beam_size, src.device
+    margin = prune_margin if nbest == 1 else None
     memory = model.encode(src, src_mask)  # one row per sentence, shared by its beams
     state = model.init_state(memory)
     max_lens = max_output_lengths(src_mask, max_len_ratio, model.max_positions)
     finished = Finished(max_lens, k, nbest, alpha)
     alive = torch.arange(src.size(0), device=device)  # original index of each sentence
-    # Row i * width + j is beam j of alive sentence i. The first step has one beam per
-    # sentence (BOS): running K copies of it would only repeat the same work.
-    width = 1
-    prefix = torch.full((src.size(0), 1), BOS, dtype=torch.long, device=device)
-    scores = torch.zeros(src.size(0), 1, device=device)  # (n, width) log-probabilities
-    attn_rows = [] if need_attn else None  # per step: (n * width, ..., S)
+    # Slot i * width + j holds beam j of alive sentence i; the batch has one row per live
+    # hypothesis, in slot order (``slots``). The first step has one beam per sentence (BOS):
+    # running K copies of it would only repeat the same work.
+    width, slots = 1, torch.arange(src.size(0), device=device)
+    prefix = torch.full((src.size(0), 1), BOS, dtype=torch.long, device=device)  # (rows, t)
+    scores = torch.zeros(src.size(0), 1, device=device)  # (n, width); -inf: an empty slot
+    attn_rows = [] if need_attn else None  # per step: (rows, ..., S)
 
     for step in range(int(max_lens.max())):
-        log_probs, state, attn = model.decode_step(prefix[:, -1], state, memory, need_attn)
-        log_probs = restrict(log_probs.view(len(alive), width, -1), step >= max_lens[alive] - 1)
-        top_scores, source_rows, token = top_candidates(log_probs, scores, k)  # (n, C) each
+        beams = Beams(width, slots) if len(slots) < scores.numel() else None
+        log_probs, state, attn = model.decode_step(prefix[:, -1], state, memory, need_attn, beams)
+        must_end = (step >= max_lens[alive] - 1)[slots // width]  # (rows,)
+        top_scores, source_rows, token = top_candidates(restrict(log_probs, must_end), scores,
+                                                        slots, k)  # (n, C) each
         if need_attn:
             attn_rows.append(attn.float())  # fp32 for callers, also under bf16 autocast
         finished.add(alive, token, top_scores, source_rows, prefix, attn_rows)
@@ -148,35 +161,49 @@ def beam_search(
         rank = torch.where(token == EOS, token.size(1), 0) + torch.arange(token.size(1), device=device)
         keep = rank.argsort(dim=-1)[:, :k]  # (n, K) positions of the best K non-EOS
         next_scores = top_scores.gather(1, keep)
+        if margin is not None:
+            best = next_scores.max(1, keepdim=True).values
+            next_scores = next_scores.masked_fill(next_scores < best - margin, float("-inf"))
         left = (~finished.done(alive, next_scores)).nonzero().squeeze(1)
         if len(left) == 0:
             break
-        keep = keep[left]
-        rows = source_rows[left].gather(1, keep).view(-1)  # (n_left * K,) rows to carry on
-        prefix = torch.cat([prefix[rows], token[left].gather(1, keep).view(-1, 1)], dim=1)
+        keep, live = keep[left], next_scores[left].isfinite()  # (n_left, K): slots with a row
+        rows = source_rows[left].gather(1, keep)[live]  # current rows that carry on
+        prefix = torch.cat([prefix[rows], token[left].gather(1, keep)[live].unsqueeze(1)], dim=1)
         if need_attn:
             attn_rows = [a[rows] for a in attn_rows]
-        # Rows of the survivors, among all current rows: drops done sentences, reorders beams.
+        # Rows of the survivors, among all current rows: drops done sentences and pruned
+        # hypotheses, reorders beams.
         state = select_rows(state, rows)
         if len(left) < len(alive):  # memory: one row per sentence, shared by its beams
             memory = select_rows(memory, left)
-        scores, alive, width = next_scores[left], alive[left], k
+        scores, alive, width = next_scores[left], alive[left], keep.size(1)
+        slots = live.view(-1).nonzero().squeeze(1)
     return finished.best()
 
 
-def top_candidates(log_probs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The best min(2K, W * V) continuations of each sentence's W hypotheses.
+def top_candidates(log_probs: Tensor, scores: Tensor, slots: Tensor, k: int
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """The best C = min(2K, W * V) continuations of each sentence's hypotheses.
 
-    log_probs (n, W, V) of the next token, scores (n, W) of the hypotheses -> scores (n, C),
-    the rows they continue among the n * W current rows (n, C), and their tokens (n, C).
-    ``log_probs`` is overwritten (it is the step's own tensor: no (n, W, V) copy).
+    log_probs (rows, V) of the next token, scores (n, W) of the n * W beam slots (-inf where
+    empty), slots (rows,) the slot of each row -> scores (n, C), the rows they continue
+    (n, C), and their tokens (n, C); where a sentence has fewer than C candidates, the rest
+    score -inf. A hypothesis adds the same score to all its tokens, so a sentence's best C
+    continuations are among the best C of each of its rows: rank within rows (the large
+    pass), then within sentences over W * C candidates (a small one).
     """
-    n, width, vocab = log_probs.shape
-    candidates = log_probs.add_(scores.unsqueeze(-1)).view(n, width * vocab)
-    top_scores, top_ids = top_k(candidates, min(2 * k, width * vocab))
-    beam, token = top_ids // vocab, top_ids % vocab
-    rows = torch.arange(n, device=log_probs.device).unsqueeze(1) * width + beam
-    return top_scores, rows, token
+    n, width = scores.shape
+    c = min(2 * k, log_probs.size(1))  # per row
+    row_best, row_token = top_k(log_probs, c)  # (rows, c)
+    per_slot = row_best.new_full((n * width, c), float("-inf"))
+    per_slot[slots] = row_best + scores.view(-1)[slots].unsqueeze(1)
+    top_scores, position = per_slot.view(n, width * c).topk(min(2 * k, width * c), dim=-1)
+    row_of_slot = torch.zeros(n * width, dtype=torch.long, device=slots.device)
+    row_of_slot[slots] = torch.arange(len(slots), device=slots.device)
+    slot = torch.arange(n, device=slots.device).unsqueeze(1) * width + position // c
+    rows = row_of_slot[slot]  # (n, C); an empty slot's -inf candidates point at row 0
+    return top_scores, rows, row_token[rows, position % c]
 
 
 class Finished:
@@ -202,8 +229,9 @@ class Finished:
 
     def add(self, alive, token, top_scores, source_rows, prefix, attn_rows) -> None:
         """Move candidates ending in EOS among each sentence's top K to its list: tokens,
-        top_scores, source_rows (n, C) from ``top_candidates``; prefix (n * W, t)."""
-        sentence, position = (token[:, : self.k] == EOS).nonzero().unbind(1)
+        top_scores, source_rows (n, C) from ``top_candidates``; prefix (rows, t)."""
+        ended = (token[:, : self.k] == EOS) & top_scores[:, : self.k].isfinite()
+        sentence, position = ended.nonzero().unbind(1)
         if len(sentence) == 0:
             return
         rows = source_rows[sentence, position]
@@ -228,10 +256,12 @@ class Finished:
 
     def done(self, alive: Tensor, live_scores: Tensor) -> Tensor:
         """(n,) whether each alive sentence is done, given its live hypotheses' log-probs
-        (n, K) for the next step."""
-        bound = live_scores.max(1).values.double() / self.max_penalty[alive]
+        (n, K) for the next step (-inf: none in that slot)."""
+        best = live_scores.max(1).values
+        bound = best.double() / self.max_penalty[alive]
         count = self.count[alive]
-        return (count >= self.k) | ((count >= self.nbest) & (self.nth_best[alive] >= bound))
+        return ((count >= self.k) | ((count >= self.nbest) & (self.nth_best[alive] >= bound))
+                | best.isneginf())
 
     def best(self) -> list[list[Hypothesis]]:
         """Each sentence's ``nbest`` best hypotheses, best first."""

@@ -62,11 +62,13 @@ def encode_truncated(tokenizer: Tokenizer, lines: list[str], max_positions: int)
 
 def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None) -> tuple[int, float]:
     """Beam size and length penalty: the arguments given, else the run's decoding config;
-    an impossible beam / n-best pair is a one-line error."""
+    an impossible beam / n-best pair or a negative prune margin is a one-line error."""
     beam_size = dec.beam_size if beam_size is None else beam_size
     alpha = dec.alpha if alpha is None else alpha
     if beam_size < 1 or not 1 <= nbest <= beam_size:
         raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, nbest {nbest}")
+    if dec.prune_margin is not None and not dec.prune_margin >= 0:  # NaN too
+        raise NMTError(f"the prune margin must be >= 0 nats or none, got {dec.prune_margin}")
     return beam_size, alpha
 
 
@@ -149,9 +151,8 @@ class Translator:
                 if beam_size == 1 and not need_attn:
                     found = [[h] for h in greedy_search(self.model, src, mask, dec.max_len_ratio)]
                 else:
-                    found = beam_search(
-                        self.model, src, mask, beam_size, alpha, dec.max_len_ratio, nbest, need_attn
-                    )
+                    found = beam_search(self.model, src, mask, beam_size, alpha, dec.max_len_ratio,
+                                        nbest, need_attn, dec.prune_margin)
             for position, hyps in zip(batch.idx.tolist(), found):
                 line = todo[position]
                 results[line] = [self._result(h, ids[line]) for h in hyps]

@@ -83,6 +83,26 @@ def test_evaluate_writes_scores(run, capsys):
     scores = json.loads((run / "eval" / "test.beam2.json").read_text())
     assert 0.0 <= scores["bleu"] <= 100.0 and scores["sentences"] == 30
     assert len((run / "eval" / "test.beam2.hyp").read_text().splitlines()) == 30
+    assert scores["prune_margin"] == 3.0  # the decoding config's default
+
+
+def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys):
+    """--prune-margin none (the full beam) writes its own files beside the default's, and
+    records the margin; a margin that is not a number is a one-line error."""
+    args = ["evaluate", "--checkpoint", str(run), "--split", "test", "--beam", "2"]
+    assert main(args) == 0
+    default = (run / "eval" / "test.beam2.json").read_text()
+    assert main([*args, "--prune-margin", "none"]) == 0
+    scores = json.loads((run / "eval" / "test.beam2.prune-none.json").read_text())
+    assert scores["prune_margin"] is None and scores["sentences"] == 30
+    assert (run / "eval" / "test.beam2.json").read_text() == default
+    assert main([*args, "--prune-margin", "2.50"]) == 0
+    assert json.loads((run / "eval" / "test.beam2.prune-2.5.json").read_text())["prune_margin"] == 2.5
+    for bad in ("wide", "-1"):
+        capsys.readouterr()
+        assert main([*args, "--prune-margin", bad]) == 1
+        err = capsys.readouterr().err
+        assert "--prune-margin must be a number >= 0 or none" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("argv,message", [

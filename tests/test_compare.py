@@ -220,8 +220,8 @@ def test_cost_is_benched_per_scorer_and_tabled(study, capsys):
 def test_committed_study_records_still_match_their_cells():
     """The published study accumulates over many sessions: each committed record must keep
     the key its cell resolves to now, or ``nmt compare --preset study`` would retrain it. A new
-    option must keep the resolved configuration of existing cells, or be listed in NOT_IN_KEY
-    when it cannot change a record."""
+    option must keep the resolved configuration of existing cells: be listed in NOT_IN_KEY
+    when it cannot change a record, or in ADDED_SINCE with the value the study pins."""
     from nmt import compare
 
     cfg = compare.load_compare_config(str(REPO / "configs" / "compare.yaml"))

@@ -9,9 +9,10 @@ import random
 import pytest
 import torch
 
+from nmt.bench import count_rows
 from nmt.data.batching import collate
 from nmt.data.tokenizer import BOS, EOS
-from nmt.models.base import select_rows
+from nmt.models.base import Beams, select_rows
 from nmt.search import (
     Hypothesis,
     beam_search,
@@ -81,17 +82,45 @@ def test_batched_greedy_equals_one_by_one(family, random_batch):
 
 
 @pytest.mark.parametrize("family", ["rnn", "transformer"])
-def test_batched_beam_equals_one_by_one_and_padding_is_invisible(family, random_batch):
+@pytest.mark.parametrize("nbest,margin", [(4, None), (1, 0.05)])
+def test_batched_beam_equals_one_by_one_and_padding_is_invisible(family, nbest, margin,
+                                                                 random_batch):
+    """Also with pruning (margin): sentences then keep different numbers of beams, and each
+    beam must still attend over its own sentence."""
     model = _model(family, "additive")
     b = random_batch
-    together = beam_search(model, b.src, b.src_mask, beam_size=4, nbest=4)
+    rows = count_rows(model)
+    together = beam_search(model, b.src, b.src_mask, beam_size=4, nbest=nbest, prune_margin=margin)
+    if margin is not None:  # hypotheses were pruned: fewer rows than unpruned beams
+        pruned, rows[0] = rows[0], 0
+        beam_search(model, b.src, b.src_mask, beam_size=4, nbest=nbest)
+        assert pruned < rows[0]
     for i in range(b.src.size(0)):
         length = int(b.src_mask[i].sum())
         alone = beam_search(model, b.src[i : i + 1, :length], b.src_mask[i : i + 1, :length],
-                            beam_size=4, nbest=4)[0]
+                            beam_size=4, nbest=nbest, prune_margin=margin)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
         for x, y in zip(alone, together[i]):
             assert x.score == pytest.approx(y.score, abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ["rnn", "transformer"])
+def test_a_step_over_some_beam_slots_equals_those_rows_of_a_full_step(family, random_batch):
+    """After pruning the batch holds only some of the n * K beam slots (``Beams``): their
+    log-probabilities and attention equal those rows of a step over every slot."""
+    model, b, k = _model(family, "additive"), random_batch, 3
+    n = b.src.size(0)
+    with torch.no_grad():
+        memory = model.encode(b.src, b.src_mask)
+        _, state, _ = model.decode_step(torch.full((n,), BOS), model.init_state(memory), memory)
+        state = select_rows(state, torch.arange(n).repeat_interleave(k))  # K beams each
+        prev = torch.randint(4, 30, (n * k,), generator=torch.Generator().manual_seed(0))
+        full, _, full_attn = model.decode_step(prev, state, memory, True)
+        slots = torch.tensor([0, 2, 3, 4, 5, 7])  # sentence 0: beams 0, 2; 1: all; 2: beam 1
+        some, _, some_attn = model.decode_step(prev[slots], select_rows(state, slots), memory,
+                                               True, Beams(k, slots))
+    torch.testing.assert_close(some, full[slots], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(some_attn, full_attn[slots], atol=1e-5, rtol=1e-5)
 
 
 def test_nbest_sorted_distinct_and_length_penalty_applied(random_batch):
@@ -117,16 +146,19 @@ def test_output_length_is_bounded_by_ratio():
 
 
 @pytest.mark.parametrize("family", ["rnn", "transformer"])
-def test_beam_attention_is_each_sentences_own(family, random_batch):
+@pytest.mark.parametrize("nbest,margin", [(3, None), (1, 0.05)])
+def test_beam_attention_is_each_sentences_own(family, nbest, margin, random_batch):
     """Beams attend as query positions of their sentence's one memory row: each hypothesis'
-    attention (every step, layer and head) equals that of the sentence decoded alone."""
+    attention (every step, layer and head) equals that of the sentence decoded alone, also
+    when pruning leaves sentences different numbers of beams."""
     model = _model(family, "scaled_dot")
     b = random_batch
-    together = beam_search(model, b.src, b.src_mask, beam_size=3, nbest=3, need_attn=True)
+    together = beam_search(model, b.src, b.src_mask, beam_size=3, nbest=nbest, need_attn=True,
+                           prune_margin=margin)
     for i in range(b.src.size(0)):
         length = int(b.src_mask[i].sum())
         alone = beam_search(model, b.src[i : i + 1, :length], b.src_mask[i : i + 1, :length],
-                            beam_size=3, nbest=3, need_attn=True)[0]
+                            beam_size=3, nbest=nbest, need_attn=True, prune_margin=margin)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
         for x, y in zip(alone, together[i]):
             torch.testing.assert_close(y.attention[..., :length], x.attention, atol=1e-5, rtol=1e-4)
@@ -159,7 +191,7 @@ class ScriptedModel(torch.nn.Module):
     def init_state(self, memory):
         return None
 
-    def decode_step(self, prev, state, memory, need_attn=False):
+    def decode_step(self, prev, state, memory, need_attn=False, beams=None):
         probs = torch.zeros(prev.size(0), 6)
         for row, token in enumerate(prev.tolist()):
             for word, p in (self.after_bos if token == BOS else self.later).items():
@@ -233,18 +265,20 @@ def test_hypothesis_log_prob_is_the_models_and_score_divides_it_by_the_penalty(f
             assert h.score == pytest.approx(h.log_prob / h.penalty)
 
 
-def reference_beam_search(model, src, src_mask, k, alpha, max_len_ratio, nbest):
+def reference_beam_search(model, src, src_mask, k, alpha, max_len_ratio, nbest, margin=None):
     """The plainest beam search for one sentence (1, S): K beams over full vocabularies, the
-    best 2K candidates per step, the first K hypotheses to end kept; no shortcuts."""
-    memory = select_rows(model.encode(src, src_mask), torch.zeros(k, dtype=torch.long))
-    state = model.init_state(memory)
+    best 2K candidates per step, the first K hypotheses to end kept; no shortcuts. With a
+    margin, the beams more than it below the best continuing one are dropped."""
+    encoded = model.encode(src, src_mask)
+    state = model.init_state(encoded)
     max_len = int(max_output_lengths(src_mask, max_len_ratio, model.max_positions))
     beams = [([], 0.0)] + [([], float("-inf"))] * (k - 1)  # (tokens, log-prob)
     finished = []
     for step in range(max_len):
         prev = torch.tensor([tokens[-1] if tokens else BOS for tokens, _ in beams])
+        memory = select_rows(encoded, torch.zeros(len(beams), dtype=torch.long))  # per beam
         log_probs, state, _ = model.decode_step(prev, state, memory)
-        restrict(log_probs, torch.full((k,), step >= max_len - 1))
+        restrict(log_probs, torch.full((len(beams),), step >= max_len - 1))
         total = torch.tensor([s for _, s in beams]).unsqueeze(1) + log_probs  # (K, V)
         top, ids = total.view(-1).topk(2 * k)
         candidates = [(int(i) // total.size(1), int(i) % total.size(1), float(s))
@@ -256,15 +290,19 @@ def reference_beam_search(model, src, src_mask, k, alpha, max_len_ratio, nbest):
         if len(finished) >= k:
             break
         going = [c for c in candidates if c[1] != EOS][:k]
+        if margin is not None:
+            going = [c for c in going if c[2] >= going[0][2] - margin]
         state = select_rows(state, torch.tensor([beam for beam, _, _ in going]))
         beams = [(beams[beam][0] + [token], score) for beam, token, score in going]
     return sorted(finished, key=lambda h: -h.score)[:nbest]
 
 
 class MarkovModel(torch.nn.Module):
-    """A stand-in model whose next token depends on the previous one and on the sentence's
-    first source token, through random tables: peaked enough that hypotheses end at many
-    different lengths, so sentences are done early by the bound as well as by the count."""
+    """A stand-in model whose next token depends on the previous one, the position and the
+    sentence's first source token, through random tables: peaked enough that hypotheses end
+    at many different lengths, so sentences are done early by the bound as well as by the
+    count. The position term keeps hypotheses that repeat a cycle at different places from
+    tying exactly (the order among exact ties is arbitrary)."""
 
     max_positions = 64
 
@@ -274,16 +312,20 @@ class MarkovModel(torch.nn.Module):
         self.transition = torch.randn(vocab, vocab, generator=generator) * sharpness
         self.transition[:, EOS] += 1.0
         self.source = torch.randn(vocab, vocab, generator=generator)
+        self.position = torch.randn(self.max_positions, vocab, generator=generator) * 0.5
 
     def encode(self, src, src_mask):
         return {"bias": self.source[src[:, 0]]}  # (B, V)
 
     def init_state(self, memory):
-        return None
+        return 0  # the position: the same for every row, so not reordered by select_rows
 
-    def decode_step(self, prev, state, memory, need_attn=False):
-        bias = memory["bias"].repeat_interleave(len(prev) // len(memory["bias"]), 0)  # per beam
-        return (self.transition[prev] + bias).log_softmax(-1), state, None
+    def decode_step(self, prev, state, memory, need_attn=False, beams=None):
+        sentences = len(memory["bias"])
+        width = len(prev) // sentences if beams is None else beams.width
+        slots = torch.arange(len(prev)) if beams is None else beams.slots
+        bias = memory["bias"][slots // width] + self.position[state]  # each row's sentence's
+        return (self.transition[prev] + bias).log_softmax(-1), state + 1, None
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -294,9 +336,37 @@ def test_beam_search_returns_what_the_plainest_beam_search_returns(seed, alpha, 
     model = MarkovModel(seed=seed)
     b = reversal_batch(random.Random(seed), 8, max_len=10)
     batched = beam_search(model, b.src, b.src_mask, beam_size=4, alpha=alpha, nbest=nbest)
+    _assert_same_as_reference(model, b, batched, alpha, nbest)
+
+
+def _assert_same_as_reference(model, b, batched, alpha, nbest, margin=None):
     for i, hyps in enumerate(batched):
         length = int(b.src_mask[i].sum())
         plain = reference_beam_search(model, b.src[i : i + 1, :length],
-                                      b.src_mask[i : i + 1, :length], 4, alpha, 1.5, nbest)
+                                      b.src_mask[i : i + 1, :length], 4, alpha, 1.5, nbest, margin)
         assert [h.tokens for h in hyps] == [h.tokens for h in plain]
         assert [h.score for h in hyps] == pytest.approx([h.score for h in plain], abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("alpha,margin", [(0.6, 0.5), (0.6, 2.0), (0.0, 1.0)])
+def test_pruned_beam_search_returns_what_the_plainest_pruned_search_returns(seed, alpha, margin):
+    """With a prune margin, sentences keep from 1 to K beams: the batched search (rows of
+    live hypotheses only) finds what the plain search that drops them finds."""
+    model = MarkovModel(seed=seed)
+    b = reversal_batch(random.Random(seed), 8, max_len=10)
+    rows = count_rows(model)
+    batched = beam_search(model, b.src, b.src_mask, beam_size=4, alpha=alpha, prune_margin=margin)
+    pruned, rows[0] = rows[0], 0
+    beam_search(model, b.src, b.src_mask, beam_size=4, alpha=alpha)
+    assert pruned < rows[0]  # the margin pruned
+    _assert_same_as_reference(model, b, batched, alpha, 1, margin)
+
+
+def test_an_nbest_search_is_never_pruned(random_batch):
+    """Pruning would cut n-best lists short: with nbest > 1 the margin is ignored."""
+    model, b = _model("transformer", "dot"), random_batch
+    full = beam_search(model, b.src, b.src_mask, beam_size=4, nbest=3)
+    asked = beam_search(model, b.src, b.src_mask, beam_size=4, nbest=3, prune_margin=0.0)
+    assert [[h.tokens for h in hyps] for hyps in asked] == [[h.tokens for h in hyps] for hyps in full]
+    assert all(len(hyps) == 3 for hyps in asked)

@@ -4,7 +4,7 @@ A model offers
     forward(src, src_mask, tgt_in) -> logits (B, T, V)           teacher-forced training
     encode(src, src_mask) -> memory                               once per batch
     init_state(memory) -> state                                   before the first step
-    decode_step(prev (B,), state, memory, need_attn) -> (log_probs (B, V), state, attn | None)
+    decode_step(prev (B,), state, memory, need_attn, beams) -> (log_probs (B, V), state, attn | None)
 where attn is the source attention of this step, (B, ..., S): (B, S) for the RNN,
 (B, L, H, S) per layer and head for the Transformer.
 ``memory`` and ``state`` are nests of tensors (tuples, lists, dicts) whose tensors all have
@@ -15,13 +15,27 @@ can reorder them for beam search or drop finished sentences without knowing the 
 sentence (the beams; row i * K + j is beam j of sentence i). The model attends with a
 sentence's K beams as K query positions over its one memory row (``beams_as_queries``), so
 beam search never copies the memory K times and the K queries share one batched matmul.
+When beam search has pruned some hypotheses, the rows are only those of the live ones, and
+``beams`` (a ``Beams``) says which of the n * K beam slots each row fills; the model pads
+the queries to all slots where it attends (``beams_as_queries``) and takes its rows back
+(``beam_rows``). ``beams=None``: every slot has its row, B = n * K.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Beams:
+    """The decoding batch's rows when beam search dropped some: row r is beam slot
+    ``slots[r]`` of the n * ``width`` slots (slot i * width + j: beam j of sentence i)."""
+
+    width: int  # K, slots per sentence
+    slots: Tensor  # (B,) increasing slot numbers
 
 
 class Seq2Seq(Protocol):
@@ -34,7 +48,8 @@ class Seq2Seq(Protocol):
     def init_state(self, memory: Any) -> Any: ...
 
     def decode_step(
-        self, prev: Tensor, state: Any, memory: Any, need_attn: bool = False
+        self, prev: Tensor, state: Any, memory: Any, need_attn: bool = False,
+        beams: Beams | None = None,
     ) -> tuple[Tensor, Any, Tensor | None]: ...
 
 
@@ -50,8 +65,16 @@ def select_rows(nest: Any, index: Tensor) -> Any:
     return nest
 
 
-def beams_as_queries(queries: Tensor, sentences: int) -> Tensor:
-    """(n * K, T, D) -> (n, K * T, D): each sentence's K beams (rows i * K + j) become K * T
-    query positions over the sentence's one memory row. Reshape the result back with the
-    queries' shape."""
+def beams_as_queries(queries: Tensor, sentences: int, beams: Beams | None = None) -> Tensor:
+    """(B, T, D) -> (n, K * T, D): each sentence's K beams (slots i * K + j) become K * T
+    query positions over the sentence's one memory row; slots without a row (pruned beams)
+    get zero queries. Reshape the result to (n * K, T, ...) and pass it to ``beam_rows``."""
+    if beams is not None:
+        padded = queries.new_zeros((sentences * beams.width, *queries.shape[1:]))
+        queries = padded.index_copy_(0, beams.slots, queries)
     return queries.reshape(sentences, -1, queries.size(-1))
+
+
+def beam_rows(per_slot: Tensor, beams: Beams | None = None) -> Tensor:
+    """(n * K, ...) results of the padded queries -> (B, ...), the batch rows' own."""
+    return per_slot if beams is None else per_slot.index_select(0, beams.slots)

@@ -22,7 +22,7 @@ from nmt.attention import build_scorer
 from nmt.data.tokenizer import PAD
 from nmt.dropout import Dropout
 from nmt.errors import NMTError
-from nmt.models.base import beams_as_queries
+from nmt.models.base import Beams, beam_rows, beams_as_queries
 
 RNN_TYPES = {"gru": (nn.GRU, nn.GRUCell), "lstm": (nn.LSTM, nn.LSTMCell)}
 
@@ -87,19 +87,20 @@ class RNNModel(nn.Module):
         return (init, torch.zeros_like(init)) if self.is_lstm else init
 
     def _step(
-        self, prev_emb: Tensor, state, memory: dict[str, Tensor], need_attn: bool
+        self, prev_emb: Tensor, state, memory: dict[str, Tensor], need_attn: bool,
+        beams: Beams | None = None,
     ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor], Tensor | None]:
         """One decoder step: (B, E) previous embedding -> t_i (B, E), new state, attn (B, S)."""
         query = (state[0] if self.is_lstm else state).unsqueeze(1)  # s_{i-1}: (B, 1, D)
-        n = memory["mask"].size(0)  # sentences; B = n * K beams
-        context, attn = self.scorer.attend(beams_as_queries(query, n), memory["keys"],
+        n = memory["mask"].size(0)  # sentences, K beam slots each (see models.base)
+        context, attn = self.scorer.attend(beams_as_queries(query, n, beams), memory["keys"],
                                            memory["annotations"], memory["mask"],
                                            need_weights=need_attn)  # (n, K, D), (n, K, S)
-        context = context.reshape(query.size(0), -1)  # c_i: (B, D)
+        context = beam_rows(context.flatten(0, 1), beams)  # c_i: (B, D)
         state = self.cell(torch.cat([prev_emb, context], dim=-1), state)
         s = state[0] if self.is_lstm else state
         t = torch.tanh(self.deep_out(torch.cat([self.drop(s), context, prev_emb], dim=-1)))
-        return self.drop(t), state, attn.flatten(0, 1) if attn is not None else None  # (B, S)
+        return self.drop(t), state, beam_rows(attn.flatten(0, 1), beams) if attn is not None else None
 
     def _logits(self, t: Tensor) -> Tensor:
         return F.linear(t, self.embed.weight, self.out_bias)  # tied output layer
@@ -129,9 +130,10 @@ class RNNModel(nn.Module):
                 + 2 * gates * ((e + d) * d + d * d) + 2 * (2 * d + e) * e + 2 * e * v)
         return b * (encoder + 2 * d * d + keys + t * step)
 
-    def decode_step(self, prev: Tensor, state, memory, need_attn: bool = False):
+    def decode_step(self, prev: Tensor, state, memory, need_attn: bool = False,
+                    beams: Beams | None = None):
         """(B,) previous tokens -> log-probs (B, V), new state, attention (B, S) or None."""
-        t, state, attn = self._step(self.embed(prev), state, memory, need_attn)
+        t, state, attn = self._step(self.embed(prev), state, memory, need_attn, beams)
         # fp32 scores, also under bf16 autocast: casting as log_softmax reads takes 0.8x the
         # time of a .float() copy first
         return torch.log_softmax(self._logits(t), dim=-1, dtype=torch.float32), state, attn

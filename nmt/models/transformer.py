@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from nmt.attention import MultiHeadAttention
 from nmt.data.tokenizer import PAD
 from nmt.dropout import Dropout
-from nmt.models.base import beams_as_queries
+from nmt.models.base import Beams, beam_rows, beams_as_queries
 from nmt.models.cache import SelfAttentionCache, batch_major
 
 
@@ -86,11 +86,12 @@ class DecoderLayer(nn.Module):
         self.res_ff = Residual(d_model, dropout, pre_norm)
 
     def forward(self, x, cross_kv, src_mask, self_mask, cache: SelfAttentionCache | None = None,
-                index: int = 0, need_attn: bool = False):
+                index: int = 0, need_attn: bool = False, beams: Beams | None = None):
         """x (B, T, D); cross_kv from ``cross_attn.project_keys``; ``cache`` when decoding (x
         holds one new position; this is layer ``index`` of it) or None (teacher forcing: x
-        holds every position) -> (B, T, D), this layer's (keys, values) of all positions,
-        time-major (T, B, H, Dh), when decoding, cross-attn weights (B, H, T, S) or None."""
+        holds every position); ``beams`` as in ``models.base`` -> (B, T, D), this layer's
+        (keys, values) of all positions, time-major (T, B, H, Dh), when decoding, cross-attn
+        weights (B, H, T, S) or None."""
         cached = {"kv": None}
 
         def self_attend(h: Tensor) -> Tensor:
@@ -101,12 +102,12 @@ class DecoderLayer(nn.Module):
             return self.self_attn(h, (keys, values), self_mask)[0]
 
         def cross_attend(h: Tensor) -> Tensor:
-            n = src_mask.size(0)  # sentences; h holds K = h.size(0) // n beams of each
-            out, attn = self.cross_attn(beams_as_queries(h, n), cross_kv, src_mask, need_attn)
+            n, t = src_mask.size(0), h.size(1)  # sentences, K beam slots each (models.base)
+            out, attn = self.cross_attn(beams_as_queries(h, n, beams), cross_kv, src_mask, need_attn)
             if attn is not None:  # (n, H, K * T, S) -> (n * K, H, T, S)
-                attn = attn.unflatten(2, (h.size(0) // n, h.size(1))).transpose(1, 2).flatten(0, 1)
+                attn = beam_rows(attn.unflatten(2, (-1, t)).transpose(1, 2).flatten(0, 1), beams)
             cached["attn"] = attn
-            return out.reshape(h.shape)
+            return beam_rows(out.reshape(-1, t, out.size(-1)), beams)  # (B, T, D)
 
         x = self.res_self(x, self_attend)
         x = self.res_cross(x, cross_attend)
@@ -160,12 +161,13 @@ class TransformerModel(nn.Module):
         return SelfAttentionCache()
 
     def _decode(self, x: Tensor, memory: dict, self_mask, cache: SelfAttentionCache | None,
-                need_attn: bool):
+                need_attn: bool, beams: Beams | None = None):
         """Decoder stack -> logits (B, T, V), the grown cache (when decoding, else None),
         cross-attention weights of every layer (B, L, H, T, S) or None."""
         attns, layers = [], []
         for index, (layer, cross_kv) in enumerate(zip(self.decoder, memory["cross"])):
-            x, kv, attn = layer(x, cross_kv, memory["mask"], self_mask, cache, index, need_attn)
+            x, kv, attn = layer(x, cross_kv, memory["mask"], self_mask, cache, index, need_attn,
+                                beams)
             layers.append(kv)
             attns.append(attn)
         attn = torch.stack(attns, 1) if need_attn else None
@@ -192,11 +194,11 @@ class TransformerModel(nn.Module):
         return b * (enc + dec + output)
 
     def decode_step(self, prev: Tensor, state: SelfAttentionCache, memory: dict,
-                    need_attn: bool = False):
+                    need_attn: bool = False, beams: Beams | None = None):
         """(B,) -> log-probs (B, V), the cache grown by one position, and the
         cross-attention of every layer and head (B, L, H, S), or None."""
         x = self._embed(prev.unsqueeze(1), start=state.length)  # (B, 1, D)
-        logits, state, attn = self._decode(x, memory, None, state, need_attn)
+        logits, state, attn = self._decode(x, memory, None, state, need_attn, beams)
         attn = attn.squeeze(3) if attn is not None else None  # (B, L, H, S)
         # fp32 scores, also under bf16 autocast: casting as log_softmax reads takes 0.8x the
         # time of a .float() copy first
