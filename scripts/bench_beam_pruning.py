@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import time
 
-import sacrebleu
-
 from nmt.allocator import keep_freed_memory
 from nmt.bench import count_rows
 from nmt.data.corpus import load_corpus
+from nmt.metrics import score_corpus
 from nmt.translator import Translator
 
 
@@ -50,7 +49,7 @@ def main() -> None:
             outputs[name], decoded[name] = [hyps[0].text for hyps in found], rows[0]
     full = outputs[cases[1][0]]
     for name, _, _ in cases:
-        bleu = sacrebleu.corpus_bleu(outputs[name], [refs]).score
+        bleu = score_corpus(outputs[name], refs)["bleu"]  # what nmt evaluate reports
         same = sum(a == b for a, b in zip(outputs[name], full))
         print(f"{name:22s} {len(lines) / best[name]:6.1f} sent/s  x greedy {best[name] / best['greedy']:4.2f}"
               f"  rows {decoded[name]:6d}  BLEU {bleu:.2f}  same as full beam {same}/{len(lines)}")
