@@ -116,14 +116,19 @@ def open_translator(args: argparse.Namespace):
     if args.prune_margin is not None:
         if args.engine != "torch":
             raise NMTError("--prune-margin is for the torch engine")
-        try:
-            margin = None if args.prune_margin == "none" else float(args.prune_margin)
-        except ValueError:
-            margin = -1.0
-        if margin is not None and not margin >= 0:  # NaN too
-            raise NMTError(f"--prune-margin must be a number >= 0 or none, got '{args.prune_margin}'")
-        translator.config.decoding.prune_margin = margin
+        translator.config.decoding.prune_margin = parse_margin(args.prune_margin)
     return translator
+
+
+def parse_margin(text: str) -> float | None:
+    """``--prune-margin``: a number of nats >= 0, or none (the full beam)."""
+    try:
+        margin = None if text == "none" else float(text)
+        if margin is not None and not margin >= 0:  # NaN too
+            raise ValueError(text)
+    except ValueError:
+        raise NMTError(f"--prune-margin must be a number >= 0 or none, got '{text}'") from None
+    return margin
 
 
 def margin_name(margin: float | None) -> str:
