@@ -139,7 +139,7 @@ NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar",),
 # Options added after cells were recorded, and the value that does what those cells did: at
 # that value an option is left out of the key, so the recorded cells stay valid (the study
 # preset pins it there).
-ADDED_SINCE = {"decoding": {"prune_margin": None}}
+ADDED_SINCE = {"decoding": {"prune_margin": None}, "trainer": {"best_metric": "val_bleu"}}
 
 
 def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:

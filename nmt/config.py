@@ -71,7 +71,11 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1
     val_check_interval: Any = 1.0  # 1.0: validate and checkpoint once per epoch; N: every N batches
     log_every_n_steps: int = 50
-    early_stopping_patience: int = 5  # validations (not epochs) without a better BLEU
+    # The validation metric that picks best.ckpt and stops early (nmt.training.BEST_METRICS):
+    # val_loss, or val_bleu (greedy; it picked checkpoints before the end of a cosine schedule
+    # that decoded worse with beam search, README)
+    best_metric: str = "val_loss"
+    early_stopping_patience: int = 5  # validations (not epochs) without a better best_metric
     enable_progress_bar: bool = True
     keep_last_checkpoints: int = 0  # > 0: keep the last N validation checkpoints for nmt average
 

@@ -94,6 +94,10 @@ def budget_horizon(trainer: L.Trainer) -> Callable[[int], float]:
 
 
 SCHEDULES = ("inverse_sqrt", "cosine", "plateau", "constant")
+# trainer.best_metric -> its better direction. val_loss is the cross-entropy of the references
+# (no label smoothing), as fairseq and Marian select by default; val_bleu is greedy BLEU,
+# noisier from one validation to the next.
+BEST_METRICS = {"val_loss": "min", "val_bleu": "max"}
 
 
 def ramped_ema(decay: float):
@@ -331,15 +335,16 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     t = config.trainer
     # Checkpoints and early stopping act after each validation (once per epoch, or every
     # trainer.val_check_interval batches): patience counts validations.
+    metric = t.best_metric
     callbacks = [
         ModelCheckpoint(
-            dirpath=run_dir, filename="best", monitor="val_bleu", mode="max",
+            dirpath=run_dir, filename="best", monitor=metric, mode=BEST_METRICS[metric],
             save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=False,
         ),
         # Lightning's save_last only writes when "best" does; this one writes every validation.
         ModelCheckpoint(dirpath=run_dir, filename="last", enable_version_counter=False,
                         save_on_train_epoch_end=False),
-        EarlyStopping(monitor="val_bleu", mode="max", patience=t.early_stopping_patience,
+        EarlyStopping(monitor=metric, mode=BEST_METRICS[metric], patience=t.early_stopping_patience,
                       check_on_train_epoch_end=False),
         StopAtStepBudget(),
     ]
@@ -384,6 +389,9 @@ def train(config: Config) -> Path:
     if config.optim.schedule not in SCHEDULES:
         raise NMTError(f"unknown schedule '{config.optim.schedule}'; choose one of: "
                        f"{', '.join(SCHEDULES)}")
+    if config.trainer.best_metric not in BEST_METRICS:
+        raise NMTError(f"unknown trainer.best_metric '{config.trainer.best_metric}'; choose one "
+                       f"of: {', '.join(BEST_METRICS)}")
     if config.optim.schedule == "cosine" and config.trainer.max_steps <= 0 \
             and config.trainer.max_epochs <= 0 and config.trainer.max_time is None:
         raise NMTError("schedule cosine decays to the end of the budget: set trainer.max_steps, "
@@ -414,14 +422,20 @@ def train(config: Config) -> Path:
         # (StopAtStepBudget). At an epoch's end, validate it if trainer.val_check_interval
         # batches left it unvalidated, and write last.ckpt as a finished epoch.
         if module.validated_step < trainer.global_step:
-            bleu = trainer.validate(module, datamodule=datamodule, verbose=False)[0]["val_bleu"]
-            if best is None or bleu > best:
+            metric = config.trainer.best_metric
+            score = trainer.validate(module, datamodule=datamodule, verbose=False)[0][metric]
+            if best is None or is_better(score, best, metric):
                 trainer.save_checkpoint(run_dir / "best.ckpt")
-                best = bleu
+                best = score
         trainer.save_checkpoint(run_dir / "last.ckpt")
     if trainer.is_global_zero:
-        write_train_stats(run_dir, module, trainer, best)
+        write_train_stats(run_dir, module, trainer, config.trainer.best_metric, best)
     return run_dir
+
+
+def is_better(score: float, best: float, metric: str) -> bool:
+    """Whether ``score`` beats ``best`` in ``metric``'s direction (BEST_METRICS)."""
+    return score < best if BEST_METRICS[metric] == "min" else score > best
 
 
 def print_effective_batch(config: Config, trainer: L.Trainer) -> None:
@@ -436,7 +450,7 @@ def print_effective_batch(config: Config, trainer: L.Trainer) -> None:
 
 
 def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Trainer,
-                      best: float | None) -> None:
+                      metric: str, best: float | None) -> None:
     """train_stats.json: the run's totals (all resumed segments), read by ``compare``."""
     last = torch.load(run_dir / "last.ckpt", map_location="cpu", weights_only=False)
     totals = last["nmt_totals"]
@@ -449,7 +463,7 @@ def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Train
         "epochs": trainer.current_epoch,
         "parameters": sum(p.numel() for p in module.model.parameters()),
         "peak_rss_mb": round(peak_rss_mb(), 1),
-        "best_val_bleu": round(best, 2) if best is not None else None,
+        f"best_{metric}": round(best, 4) if best is not None else None,  # best.ckpt's
         "world_size": trainer.world_size,
         "segments": last.get("nmt_segments", []),
     }

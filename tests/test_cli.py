@@ -248,28 +248,39 @@ def test_killed_run_resumes_to_the_same_weights(corpus, run):
         torch.testing.assert_close(resumed[key], straight[key], msg=key)
 
 
-def _validations(run_dir) -> list[tuple[int, float]]:
-    """(logged step, val_bleu) of every validation in a run's metrics.csv."""
+def _validations(run_dir, metric: str = "val_bleu") -> list[tuple[int, float]]:
+    """(logged step, metric) of every validation in a run's metrics.csv."""
     with open(run_dir / "logs" / "version_0" / "metrics.csv") as f:
-        return [(int(r["step"]), float(r["val_bleu"])) for r in csv.DictReader(f) if r["val_bleu"]]
+        return [(int(r["step"]), float(r[metric])) for r in csv.DictReader(f) if r[metric]]
 
 
-def test_budget_ending_inside_an_epoch_validates_the_tail(corpus, run, tmp_path):
-    """A step budget that ends inside an epoch still validates the last stretch,
-    and best.ckpt holds whichever validated weights scored higher."""
+@pytest.mark.parametrize("metric,pick", [("val_loss", min), ("val_bleu", max)])
+def test_budget_ending_inside_an_epoch_validates_the_tail(corpus, run, tmp_path, metric, pick):
+    """A step budget that ends inside an epoch still validates the last stretch, and
+    best.ckpt holds whichever validated weights scored better in trainer.best_metric."""
     folder, files = corpus
     steps_per_epoch = _validations(run)[0][0] + 1
     run_dir = tmp_path / "tail"
     args = tiny_train_args(files, run_dir, folder / "data", epochs=5)
-    assert main(args + [f"trainer.max_steps={steps_per_epoch + 2}"]) == 0
-    (epoch_step, epoch_bleu), (tail_step, tail_bleu) = _validations(run_dir)
+    assert main(args + [f"trainer.max_steps={steps_per_epoch + 2}",
+                        f"trainer.best_metric={metric}"]) == 0
+    (epoch_step, epoch_score), (tail_step, tail_score) = _validations(run_dir, metric)
     # Lightning logs a validation at the step before it (the tail, too, is validated in the loop).
     assert (epoch_step, tail_step) == (steps_per_epoch - 1, steps_per_epoch + 1)
+    tail_is_best = pick(epoch_score, tail_score) == tail_score and epoch_score != tail_score
     best = torch.load(run_dir / "best.ckpt", map_location="cpu", weights_only=False)
-    assert best["global_step"] == (steps_per_epoch + 2 if tail_bleu > epoch_bleu else steps_per_epoch)
+    assert best["global_step"] == (steps_per_epoch + 2 if tail_is_best else steps_per_epoch)
     stats = json.loads((run_dir / "train_stats.json").read_text())
     assert stats["steps"] == steps_per_epoch + 2
-    assert stats["best_val_bleu"] == round(max(epoch_bleu, tail_bleu), 2)
+    assert stats[f"best_{metric}"] == pytest.approx(pick(epoch_score, tail_score), abs=1e-4)
+
+
+def test_unknown_best_metric_is_one_line_error(corpus, tmp_path, capsys):
+    folder, files = corpus
+    args = tiny_train_args(files, tmp_path / "r", folder / "data")
+    assert main(args + ["trainer.best_metric=val_acc"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "unknown trainer.best_metric 'val_acc'" in err and len(err.splitlines()) == 1
 
 
 def test_rerunning_a_finished_run_changes_nothing(corpus, run, tmp_path):
