@@ -415,6 +415,7 @@ def train(config: Config) -> Path:
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     print_effective_batch(config, trainer)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    metric = config.trainer.best_metric  # what best.ckpt's callback monitored
     best = trainer.checkpoint_callback.best_model_score
     best = float(best) if best is not None else None
     if datamodule.epoch_finished():
@@ -422,14 +423,13 @@ def train(config: Config) -> Path:
         # (StopAtStepBudget). At an epoch's end, validate it if trainer.val_check_interval
         # batches left it unvalidated, and write last.ckpt as a finished epoch.
         if module.validated_step < trainer.global_step:
-            metric = config.trainer.best_metric
             score = trainer.validate(module, datamodule=datamodule, verbose=False)[0][metric]
             if best is None or is_better(score, best, metric):
                 trainer.save_checkpoint(run_dir / "best.ckpt")
                 best = score
         trainer.save_checkpoint(run_dir / "last.ckpt")
     if trainer.is_global_zero:
-        write_train_stats(run_dir, module, trainer, config.trainer.best_metric, best)
+        write_train_stats(run_dir, module, trainer, metric, best)
     return run_dir
 
 
