@@ -139,7 +139,8 @@ NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar",),
 # Options added after cells were recorded, and the value that does what those cells did: at
 # that value an option is left out of the key, so the recorded cells stay valid (the study
 # preset pins it there).
-ADDED_SINCE = {"decoding": {"prune_margin": None}, "trainer": {"best_metric": "val_bleu"}}
+ADDED_SINCE = {"decoding": {"prune_margin": None}, "trainer": {"best_metric": "val_bleu"},
+               "model": {"embed_init": "unit"}}
 
 
 def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:

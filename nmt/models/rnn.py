@@ -25,6 +25,9 @@ from nmt.errors import NMTError
 from nmt.models.base import Beams, beam_rows, beams_as_queries
 
 RNN_TYPES = {"gru": (nn.GRU, nn.GRUCell), "lstm": (nn.LSTM, nn.LSTMCell)}
+# "scaled": embeddings drawn from N(0, 1/E) and multiplied by sqrt(E) on the way in, as in the
+# Transformer. "unit": nn.Embedding's N(0, 1), unscaled, as before 2026-11-25 (the study's cells).
+EMBED_INITS = ("scaled", "unit")
 
 
 class RNNModel(nn.Module):
@@ -39,8 +42,12 @@ class RNNModel(nn.Module):
         rnn_type: str = "gru",
         dropout: float = 0.3,
         max_positions: int = 1024,
+        embed_init: str = "scaled",
     ):
         super().__init__()
+        if embed_init not in EMBED_INITS:
+            raise NMTError(f"unknown embed_init '{embed_init}'; choose one of: "
+                           f"{', '.join(EMBED_INITS)}")
         if rnn_type not in RNN_TYPES:
             raise NMTError(f"unknown rnn_type '{rnn_type}'; choose one of: {', '.join(RNN_TYPES)}")
         if hidden_size % 2:
@@ -63,12 +70,37 @@ class RNNModel(nn.Module):
         self.deep_out = nn.Linear(2 * hidden_size + emb_dim, emb_dim)
         self.out_bias = nn.Parameter(torch.zeros(vocab_size))
         self.drop = Dropout(dropout)
+        self._init_embedding(embed_init)
+
+    def _init_embedding(self, embed_init: str) -> None:
+        """The output layer is tied to the embedding, so the embedding's scale is the initial
+        logits' scale. Under N(0, 1), logits over 256-dim tanh features have std ~6 and the
+        first loss is ~22 nats against ln V ~ 9 for V = 8000; the first few hundred updates
+        then go to shrinking them. "scaled" draws from N(0, 1/E), so logits start with std
+        below 1, and multiplies looked-up vectors by sqrt(E) so the recurrent layers still
+        see unit-variance inputs. The factor is a buffer: checkpoints carry it."""
+        scaled = embed_init == "scaled"
+        if scaled:
+            nn.init.normal_(self.embed.weight, std=self.embed.embedding_dim**-0.5)
+            with torch.no_grad():
+                self.embed.weight[PAD].zero_()
+        self.register_buffer("emb_scale",
+                             torch.tensor(self.embed.embedding_dim**0.5 if scaled else 1.0))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Checkpoints from before embed_init have no emb_scale: they were trained unscaled.
+        state_dict.setdefault(prefix + "emb_scale", torch.tensor(1.0))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        """(...) token ids -> (..., E) scaled embeddings."""
+        return self.embed(tokens) * self.emb_scale
 
     def encode(self, src: Tensor, src_mask: Tensor) -> dict[str, Tensor]:
         """(B, S) -> annotations (B, S, D), their prepared keys, the mask and s_0 (B, D)."""
         lengths = src_mask.sum(1).cpu()
         packed = pack_padded_sequence(
-            self.drop(self.embed(src)), lengths, batch_first=True, enforce_sorted=False
+            self.drop(self._embed(src)), lengths, batch_first=True, enforce_sorted=False
         )
         out, final = self.encoder(packed)
         annotations, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
@@ -109,7 +141,7 @@ class RNNModel(nn.Module):
         """Teacher forcing: (B, S), (B, S), (B, T) -> logits (B, T, V)."""
         memory = self.encode(src, src_mask)
         state = self.init_state(memory)
-        embedded = self.drop(self.embed(tgt_in))  # (B, T, E)
+        embedded = self.drop(self._embed(tgt_in))  # (B, T, E)
         outputs = []
         for i in range(tgt_in.size(1)):
             t, state, _ = self._step(embedded[:, i], state, memory, need_attn=False)
@@ -133,7 +165,7 @@ class RNNModel(nn.Module):
     def decode_step(self, prev: Tensor, state, memory, need_attn: bool = False,
                     beams: Beams | None = None):
         """(B,) previous tokens -> log-probs (B, V), new state, attention (B, S) or None."""
-        t, state, attn = self._step(self.embed(prev), state, memory, need_attn, beams)
+        t, state, attn = self._step(self._embed(prev), state, memory, need_attn, beams)
         # fp32 scores, also under bf16 autocast: casting as log_softmax reads takes 0.8x the
         # time of a .float() copy first
         return torch.log_softmax(self._logits(t), dim=-1, dtype=torch.float32), state, attn
