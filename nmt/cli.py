@@ -183,27 +183,40 @@ def plot_attention(translator, lines: list[str], results, folder: str, kind: str
         save_attention_grid(Path(folder) / f"{number:04d}.png", panels)
 
 
+def eval_file_stem(args: argparse.Namespace, beam: int, prune_margin: float | None) -> str:
+    """RUN/eval/<stem>.{hyp,json}: the split and beam, then each decoding option given on the
+    command line, so a non-default decoding never overwrites the default one's files."""
+    parts = [f"{args.split}.beam{beam}"]
+    if args.weights:
+        parts.append(Path(args.weights).stem)
+    if args.alpha is not None:
+        parts.append(f"alpha{args.alpha:g}")
+    if args.precision:
+        parts.append(args.precision)
+    if args.prune_margin:
+        parts.append(f"prune-{margin_name(prune_margin)}")
+    return ".".join(parts)
+
+
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from nmt.data.corpus import load_corpus
     from nmt.metrics import score_corpus
+    from nmt.translator import decoding_options
 
     translator = open_translator(args)
     corpus = load_corpus(translator.config.data)
     if args.split not in corpus:
         raise NMTError(f"split '{args.split}' not in the corpus; available: {', '.join(corpus)}")
     sources, references = corpus[args.split]["src"], corpus[args.split]["tgt"]
-    beam = args.beam or translator.config.decoding.beam_size
-    hyps = [h[0].text for h in translator.translate(list(sources), beam, 1, args.alpha)]
+    beam, alpha = decoding_options(translator.config.decoding, args.beam, 1, args.alpha)
+    hyps = [h[0].text for h in translator.translate(list(sources), beam, 1, alpha)]
     scores = score_corpus(hyps, list(references))
-    scores.update(split=args.split, beam=beam)
+    scores.update(split=args.split, beam=beam, alpha=alpha)
     if args.engine == "torch":
         scores.update(precision=translator.precision.precision,
                       prune_margin=translator.config.decoding.prune_margin)
     out = Path(args.checkpoint) / "eval"
-    name = (f"{args.split}.beam{beam}" + (f".{Path(args.weights).stem}" if args.weights else "")
-            + (f".{args.precision}" if args.precision else "")
-            + (f".prune-{margin_name(translator.config.decoding.prune_margin)}"
-               if args.prune_margin else ""))
+    name = eval_file_stem(args, beam, translator.config.decoding.prune_margin)
     write_atomic(out / f"{name}.hyp", "".join(h + "\n" for h in hyps))
     write_atomic(out / f"{name}.json", json.dumps(scores, indent=2) + "\n")
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")

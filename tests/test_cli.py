@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+import yaml
 
 from nmt.cli import main
 
@@ -84,6 +85,20 @@ def test_evaluate_writes_scores(run, capsys):
     assert 0.0 <= scores["bleu"] <= 100.0 and scores["sentences"] == 30
     assert len((run / "eval" / "test.beam2.hyp").read_text().splitlines()) == 30
     assert scores["prune_margin"] == 3.0  # the decoding config's default
+    assert scores["alpha"] == yaml.safe_load((run / "config.yaml").read_text())["decoding"]["alpha"]
+
+
+def test_evaluate_with_another_alpha_keeps_both_results(run):
+    """--alpha A writes <split>.beam<k>.alphaA.{hyp,json} beside the default's, which it leaves
+    as they were, and records the length penalty it decoded with."""
+    args = ["evaluate", "--checkpoint", str(run), "--split", "test", "--beam", "2"]
+    assert main(args) == 0
+    default = (run / "eval" / "test.beam2.json").read_text()
+    assert main([*args, "--alpha", "1.4"]) == 0
+    scores = json.loads((run / "eval" / "test.beam2.alpha1.4.json").read_text())
+    assert scores["alpha"] == 1.4 and scores["sentences"] == 30
+    assert len((run / "eval" / "test.beam2.alpha1.4.hyp").read_text().splitlines()) == 30
+    assert (run / "eval" / "test.beam2.json").read_text() == default
 
 
 def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys):
