@@ -67,6 +67,14 @@ class AdditiveScorer(Scorer):
     """Bahdanau et al. (2015), eq. (6) of appendix A.1.2: e = v^T tanh(W q + U k).
 
     The broadcast sum materialises a (..., T, S, A) tensor, which is the cost of this scorer.
+    It is computed through tanh(x) = 2 sigmoid(2x) - 1, so that
+
+        e = 2 v^T sigmoid(2 (W q + U k)) - sum(v),
+
+    the same logits (to rounding) with torch's sigmoid in place of its tanh over the large
+    tensor: on CPU the sigmoid kernel runs ~3x faster, and the scorer's decoding step ~1.8x
+    (README, Performance). The factor 2 of the sum is applied to the small W q and folded into
+    the addition of U k, so the large tensor is still made in one pass.
     """
 
     def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
@@ -83,8 +91,9 @@ class AdditiveScorer(Scorer):
         return 2 * t * self.query_dim * a + 2 * s * self.key_dim * a + 4 * t * s * a
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
-        q = self.query_proj(query).unsqueeze(-2)  # (..., T, 1, A)
-        return self.v(torch.tanh(q + keys.unsqueeze(-3))).squeeze(-1)  # (..., T, S)
+        q = self.query_proj(query).unsqueeze(-2)  # W q: (..., T, 1, A)
+        pairs = torch.sigmoid(torch.add(2 * q, keys.unsqueeze(-3), alpha=2))  # (..., T, S, A)
+        return 2 * self.v(pairs).squeeze(-1) - self.v.weight.sum()  # (..., T, S)
 
 
 class AdditiveDeepScorer(AdditiveScorer):

@@ -2,7 +2,7 @@
 at each prune margin, alternating in one process, fastest of N passes each.
 
     python scripts/bench_beam_pruning.py RUN [--margins none,3,2] [--beam 5] [--passes 3]
-        [--precision 32-true]
+        [--precision 32-true] [--split test] [--alpha A]
 
 Per margin: sentences/s, time against greedy, decoder rows decoded (every row of every
 step), BLEU, and how many outputs equal the full beam's (the first margin's).
@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--split", default="test")
     parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--alpha", type=float, default=None, help="length penalty (default: the run's)")
     args = parser.parse_args()
     keep_freed_memory()  # as the nmt command does: else every large tensor is page-faulted anew
     margins = [None if m == "none" else float(m) for m in args.margins.split(",")]
@@ -44,7 +45,7 @@ def main() -> None:
             translator.config.decoding.prune_margin = margin
             rows[0] = 0
             start = time.perf_counter()
-            found = translator.translate(lines, beam_size=beam)
+            found = translator.translate(lines, beam_size=beam, alpha=args.alpha)
             best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
             outputs[name], decoded[name] = [hyps[0].text for hyps in found], rows[0]
     full = outputs[cases[1][0]]
