@@ -4,12 +4,12 @@
 
 Every variant trains a fresh model on the same real batches (Multi30k, the config's token
 budget). The reference is the shipped setup: glibc malloc keeping freed memory
-(nmt.allocator), bf16 autocast, dropout masks drawn by nmt.dropout, the blockwise
-label-smoothed cross-entropy of nmt.loss and, for the
-Transformer, the explicit attention path at sentence lengths with no dropout on attention
-weights or inside the feed-forward layer.
-Each other variant turns one lever off; its speed-up is its seconds per step over the
-reference's.
+(nmt.allocator), the precision `trainer.precision: auto` chooses on this machine (bf16
+autocast or fp32), dropout masks drawn by nmt.dropout, the blockwise label-smoothed
+cross-entropy of nmt.loss and, for the Transformer, the explicit attention path at sentence
+lengths with no dropout on attention weights or inside the feed-forward layer.
+Each other variant turns one lever off (for precision: takes the other one); its speed-up is
+its seconds per step over the reference's.
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ from nmt.data.module import prepare_data, split_dataset
 from nmt.data.tokenizer import PAD
 from nmt.loss import smoothed_cross_entropy
 from nmt.models import build_model
+from nmt.precision import training_precision
 
 
 @dataclass
 class Variant:
     name: str
     model_overrides: dict
-    bf16: bool = True
+    bf16: bool  # bf16 autocast, else fp32
     fused_attention_everywhere: bool = False
     torch_dropout: bool = False  # torch's dropout (bernoulli_ masks) instead of nmt.dropout's
     torch_loss: bool = False  # F.cross_entropy on an fp32 copy instead of nmt.loss's
@@ -92,13 +93,14 @@ def main() -> None:
     train = split_dataset(data, "train", cfg.data.max_len)
     sampler = TokenBatchSampler(train.lengths(), cfg.data.max_tokens, shuffle=True, seed=1)
     batches = [collate([train[i] for i in b]) for b in list(sampler)[: args.steps + 1]]
-    reference = Variant("shipped setup (reference)", {})
-    off = [Variant("fp32 (no bf16 autocast)", {}, bf16=False),
-           Variant("torch's dropout masks (bernoulli_)", {}, torch_dropout=True),
-           Variant("torch's cross-entropy on an fp32 copy", {}, torch_loss=True)]
+    bf16 = training_precision(cfg).precision == "bf16-mixed"  # auto's choice, printed
+    reference = Variant("shipped setup (reference)", {}, bf16)
+    off = [Variant("fp32 (no bf16 autocast)" if bf16 else "bf16 autocast", {}, not bf16),
+           Variant("torch's dropout masks (bernoulli_)", {}, bf16, torch_dropout=True),
+           Variant("torch's cross-entropy on an fp32 copy", {}, bf16, torch_loss=True)]
     if cfg.model["family"] == "transformer":
-        off += [Variant("fused SDPA at every length", {}, fused_attention_everywhere=True),
-                Variant("attn+ff dropout 0.1", {"attention_dropout": 0.1, "ff_dropout": 0.1})]
+        off += [Variant("fused SDPA at every length", {}, bf16, fused_attention_everywhere=True),
+                Variant("attn+ff dropout 0.1", {"attention_dropout": 0.1, "ff_dropout": 0.1}, bf16)]
 
     def measure(variant: Variant) -> float:
         return seconds_per_step(variant, cfg.model, len(data.tokenizer), batches,
