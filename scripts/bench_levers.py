@@ -6,8 +6,9 @@ Every variant trains a fresh model on the same real batches (Multi30k, the confi
 budget). The reference is the shipped setup: glibc malloc keeping freed memory
 (nmt.allocator), the precision `trainer.precision: auto` chooses on this machine (bf16
 autocast or fp32), dropout masks drawn by nmt.dropout, the blockwise label-smoothed
-cross-entropy of nmt.loss and, for the Transformer, the explicit attention path at sentence
-lengths with no dropout on attention weights or inside the feed-forward layer.
+cross-entropy of nmt.loss and, for the Transformer, the explicit attention path
+at sentence lengths with no dropout on attention weights or inside the feed-forward layer;
+for the additive scorer, its sigmoid form (nmt.attention.AdditiveScorer).
 Each other variant turns one lever off (for precision: takes the other one); its speed-up is
 its seconds per step over the reference's.
 """
@@ -23,11 +24,12 @@ from unittest import mock
 
 import torch
 import torch.nn.functional as F
+from bench_additive_sigmoid import tanh_score
 
 import nmt.attention
 import nmt.dropout
 from nmt.allocator import keep_freed_memory
-from nmt.attention import ScaledDotScorer
+from nmt.attention import AdditiveScorer, ScaledDotScorer
 from nmt.config import load_config
 from nmt.data.batching import TokenBatchSampler, collate
 from nmt.data.module import prepare_data, split_dataset
@@ -45,6 +47,7 @@ class Variant:
     fused_attention_everywhere: bool = False
     torch_dropout: bool = False  # torch's dropout (bernoulli_ masks) instead of nmt.dropout's
     torch_loss: bool = False  # F.cross_entropy on an fp32 copy instead of nmt.loss's
+    tanh_additive: bool = False  # v^T tanh(W q + U k) as written, instead of its sigmoid form
 
 
 def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -76,6 +79,8 @@ def seconds_per_step(variant: Variant, model_cfg: dict, vocab: int, batches, smo
         if variant.torch_dropout:
             patches.enter_context(mock.patch.object(nmt.dropout, "dropout", torch_dropout))
             patches.enter_context(mock.patch.object(nmt.attention, "apply_dropout", torch_dropout))
+        if variant.tanh_additive:
+            patches.enter_context(mock.patch.object(AdditiveScorer, "score", tanh_score))
         step(batches[0])  # warm-up
         start = time.perf_counter()
         for batch in batches[1:]:
@@ -101,6 +106,8 @@ def main() -> None:
     if cfg.model["family"] == "transformer":
         off += [Variant("fused SDPA at every length", {}, bf16, fused_attention_everywhere=True),
                 Variant("attn+ff dropout 0.1", {"attention_dropout": 0.1, "ff_dropout": 0.1}, bf16)]
+    if cfg.model["attention"] == "additive":
+        off += [Variant("tanh in the additive scorer (as written)", {}, bf16, tanh_additive=True)]
 
     def measure(variant: Variant) -> float:
         return seconds_per_step(variant, cfg.model, len(data.tokenizer), batches,
