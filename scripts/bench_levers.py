@@ -43,7 +43,7 @@ from nmt.precision import training_precision
 class Variant:
     name: str
     model_overrides: dict
-    bf16: bool  # bf16 autocast, else fp32
+    other_precision: bool = False  # the precision auto did not choose (bf16 autocast or fp32)
     fused_attention_everywhere: bool = False
     torch_dropout: bool = False  # torch's dropout (bernoulli_ masks) instead of nmt.dropout's
     torch_loss: bool = False  # F.cross_entropy on an fp32 copy instead of nmt.loss's
@@ -54,14 +54,16 @@ def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(x, p, training)
 
 
-def seconds_per_step(variant: Variant, model_cfg: dict, vocab: int, batches, smoothing) -> float:
+def seconds_per_step(variant: Variant, auto_bf16: bool, model_cfg: dict, vocab: int, batches,
+                     smoothing) -> float:
+    bf16 = auto_bf16 != variant.other_precision
     torch.manual_seed(0)
     model = build_model({**model_cfg, **variant.model_overrides}, vocab)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     fused_from = 0 if variant.fused_attention_everywhere else ScaledDotScorer.FUSED_CPU_MIN_SCORES
 
     def step(batch):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=variant.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(batch.src, batch.src_mask, batch.tgt_in)
             if variant.torch_loss:
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
@@ -99,18 +101,18 @@ def main() -> None:
     sampler = TokenBatchSampler(train.lengths(), cfg.data.max_tokens, shuffle=True, seed=1)
     batches = [collate([train[i] for i in b]) for b in list(sampler)[: args.steps + 1]]
     bf16 = training_precision(cfg).precision == "bf16-mixed"  # auto's choice, printed
-    reference = Variant("shipped setup (reference)", {}, bf16)
-    off = [Variant("fp32 (no bf16 autocast)" if bf16 else "bf16 autocast", {}, not bf16),
-           Variant("torch's dropout masks (bernoulli_)", {}, bf16, torch_dropout=True),
-           Variant("torch's cross-entropy on an fp32 copy", {}, bf16, torch_loss=True)]
+    reference = Variant("shipped setup (reference)", {})
+    off = [Variant("fp32 (no bf16 autocast)" if bf16 else "bf16 autocast", {}, other_precision=True),
+           Variant("torch's dropout masks (bernoulli_)", {}, torch_dropout=True),
+           Variant("torch's cross-entropy on an fp32 copy", {}, torch_loss=True)]
     if cfg.model["family"] == "transformer":
-        off += [Variant("fused SDPA at every length", {}, bf16, fused_attention_everywhere=True),
-                Variant("attn+ff dropout 0.1", {"attention_dropout": 0.1, "ff_dropout": 0.1}, bf16)]
+        off += [Variant("fused SDPA at every length", {}, fused_attention_everywhere=True),
+                Variant("attn+ff dropout 0.1", {"attention_dropout": 0.1, "ff_dropout": 0.1})]
     if cfg.model["attention"] == "additive":
-        off += [Variant("tanh in the additive scorer (as written)", {}, bf16, tanh_additive=True)]
+        off += [Variant("tanh in the additive scorer (as written)", {}, tanh_additive=True)]
 
     def measure(variant: Variant) -> float:
-        return seconds_per_step(variant, cfg.model, len(data.tokenizer), batches,
+        return seconds_per_step(variant, bf16, cfg.model, len(data.tokenizer), batches,
                                 cfg.optim.label_smoothing)
 
     # The allocator is process-wide and cannot be switched back: measure it off first.
