@@ -1,10 +1,10 @@
 """Label-smoothed cross-entropy computed a few rows at a time, so it stays in the CPU's cache.
 
 For logits x (N, V), a target t_i and smoothing eps, per row (Szegedy et al. 2016, as
-``F.cross_entropy(..., label_smoothing=eps)`` defines it):
+``F.cross_entropy(..., label_smoothing=eps)`` defines it), with log p_i = log_softmax(x_i):
 
-    loss_i = (1 - eps) (lse_i - x_i[t_i]) + eps (lse_i - mean_j x_ij),   lse_i = log sum_j exp x_ij
-    d loss_i / d x_ij = softmax(x_i)_j - (1 - eps) [j = t_i] - eps / V
+    loss_i = -(1 - eps) log p_i[t_i] - eps mean_j log p_ij
+    d loss_i / d x_ij = p_ij - (1 - eps) [j = t_i] - eps / V
 
 and the loss is the mean over rows whose target is not ``ignore_index`` (0 if there is none).
 
@@ -12,8 +12,13 @@ Why not ``F.cross_entropy(logits.float(), ...)``: with (tokens, vocab) logits of
 each pass over them moves 131 MB in fp32, and that path makes about a dozen (the fp32 copy,
 log_softmax, the smoothing sum, the zero-filled NLL gradient, the sum of the two gradients,
 log_softmax's backward, the cast back), which a 2-core machine's memory bandwidth turns into a
-fifth of an RNN training step. Here each block of rows is read in its own precision, computed on
-in fp32 while it fits in cache, and the gradient is written once in the logits' dtype.
+fifth of an RNN training step. Here each block of rows is read once in its own precision by
+log_softmax (which computes in fp32), and while the block's log-probabilities are in cache
+the loss *and the gradient* are taken from them: the gradient is written once, in the logits'
+dtype, and backward only scales it by the incoming gradient. Computing it in the forward pass
+saves backward a second read of the logits and a second exp: for 2,048 x 8,000 bf16 logits,
+forward + backward took 27 ms against 31 (forward alone, as in validation, 10 against 15) on a
+2-core AMD EPYC Zen 4, and a whole training step 1.7% less in both families (README, Performance).
 """
 
 from __future__ import annotations
@@ -37,38 +42,31 @@ class SmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, eps: float, ignore_index: int) -> Tensor:
-        rows = _rows_per_block(logits)
         keep = target != ignore_index  # (N,)
-        target = target.masked_fill(~keep, 0)  # a valid index on ignored rows (-100 is not)
-        lse = torch.empty(logits.size(0), dtype=torch.float32, device=logits.device)  # (N,)
+        target = target.masked_fill(~keep, 0)[:, None]  # (N, 1); a valid index on ignored rows
+        count = keep.sum().clamp(min=1)
+        # d mean_loss / d loss_i: 1 / count on counted rows, 0 on ignored ones; (N, 1)
+        weight = (keep / count)[:, None]
+        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
         total = logits.new_zeros((), dtype=torch.float32)
+        rows = _rows_per_block(logits)
         for start in range(0, logits.size(0), rows):
             block = slice(start, start + rows)
-            x = logits[block].float()  # (n, V)
-            lse[block] = torch.logsumexp(x, dim=-1)
-            picked = x.gather(1, target[block, None]).squeeze(1)  # x_i[t_i]
-            row_loss = lse[block] - (1 - eps) * picked - eps * x.mean(dim=-1)
-            total += torch.where(keep[block], row_loss, 0.0).sum()  # an ignored inf stays out
-        count = keep.sum()
-        ctx.save_for_backward(logits, target, lse, keep, count)
-        ctx.eps = eps
-        return total / count.clamp(min=1)
+            log_p = torch.log_softmax(logits[block], dim=-1, dtype=torch.float32)  # (n, V)
+            row_loss = -(1 - eps) * log_p.gather(1, target[block]) - eps * log_p.mean(-1, True)
+            total += torch.where(keep[block, None], row_loss, 0.0).sum()  # an ignored inf stays out
+            if grad is not None:  # p - (1 - eps) onehot - eps / V, times the row's weight
+                w = weight[block]
+                g = log_p.exp_().mul_(w).sub_(w * (eps / logits.size(1)))
+                grad[block] = g.scatter_add_(1, target[block], w * (eps - 1))
+        ctx.save_for_backward(grad)
+        return total / count
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor):
-        logits, target, lse, keep, count = ctx.saved_tensors
-        eps = ctx.eps
-        scale = keep * (grad_loss / count.clamp(min=1))  # (N,): 0 on ignored rows
-        grad = torch.empty_like(logits)
-        rows = _rows_per_block(logits)
-        for start in range(0, logits.size(0), rows):
-            block = slice(start, start + rows)
-            g = (logits[block].float() - lse[block, None]).exp_()  # softmax: (n, V)
-            g.sub_(eps / logits.size(1))
-            g.scatter_add_(1, target[block, None], g.new_full((g.size(0), 1), eps - 1))
-            grad[block] = g.mul_(scale[block, None])
-        return grad, None, None, None
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss, None, None, None  # a 0-dim factor keeps grad's dtype
 
 
 def smoothed_cross_entropy(logits: Tensor, target: Tensor, eps: float = 0.0,
