@@ -85,3 +85,17 @@ def test_every_row_ignored_gives_zero_not_nan():
     loss = smoothed_cross_entropy(logits, torch.full((4,), PAD), 0.1, PAD)
     loss.backward()
     assert loss.item() == 0.0 and logits.grad.abs().max() == 0
+
+
+def test_the_saved_gradient_survives_a_unit_backward_and_a_second_one():
+    """Backward hands out the gradient taken in forward when the incoming gradient is 1: a
+    retained graph's second backward, scaled, must still see it unchanged."""
+    torch.manual_seed(4)
+    logits = torch.randn(30, 12, requires_grad=True)
+    target = torch.randint(1, 12, (30,))
+    expected, expected_grad = loss_and_grad(reference, logits.detach(), target, 0.1)
+    loss = ours(logits, target, 0.1)
+    (unit,) = torch.autograd.grad(loss, logits, retain_graph=True)
+    (scaled,) = torch.autograd.grad(2.5 * loss, logits)
+    assert torch.allclose(unit * 2.5, expected_grad, atol=1e-7)
+    assert torch.allclose(scaled, expected_grad, atol=1e-7)
