@@ -53,6 +53,10 @@ class OptimConfig:
     plateau_patience: int = 1
     min_lr: float = 1e-6  # plateau's lower bound; cosine's floor at the end of the budget
     ema_decay: float = 0.0  # > 0: evaluate and save an EMA of the weights (nmt.training.WeightEMA)
+    # A run whose budget buys at least long_run_epochs epochs trains with model.dropout for one
+    # epoch, then with long_run_dropout (nmt.training.DropoutForBudget); null: model.dropout only
+    long_run_dropout: float | None = None
+    long_run_epochs: float = 12.0
 
 
 @dataclass

@@ -331,6 +331,49 @@ class StopAtStepBudget(L.Callback):
             trainer.should_stop = True
 
 
+class DropoutForBudget(L.Callback):
+    """Residual dropout chosen by the number of epochs the budget buys.
+
+    How much dropout pays depends on how long the model trains: the default Transformer on
+    Multi30k was still underfitting at 4-10 epochs, where dropout 0.1 beat 0.2, and overfit
+    with 0.1 by 14-16, where 0.2 won by 1.7 BLEU (README, Performance). A time budget buys
+    more epochs on a faster machine, so no one value suits every machine. This callback
+    trains the first epoch with the model's dropout, then reads the budget's end
+    (``budget_horizon``: max_steps, max_epochs, or max_time at the speed of that epoch) and,
+    if it lies at least ``long_epochs`` epochs out, sets ``long_dropout`` for the rest of
+    the run (``set_dropout`` of the model). The decision is made once, printed, and kept in
+    checkpoints, so a resumed run keeps it.
+    """
+
+    def __init__(self, long_dropout: float, long_epochs: float):
+        self.long_dropout, self.long_epochs = long_dropout, long_epochs
+        self.decided, self.switched = False, False
+
+    def state_dict(self) -> dict:
+        return {"decided": self.decided, "switched": self.switched}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.decided, self.switched = state_dict["decided"], state_dict["switched"]
+
+    def budget_epochs(self, trainer: L.Trainer) -> float:
+        """The epochs the budget buys, as known now."""
+        steps_per_epoch = trainer.num_training_batches / trainer.accumulate_grad_batches
+        return budget_horizon(trainer)(trainer.global_step) / steps_per_epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if not self.decided and trainer.current_epoch >= 1:
+            self.decided = True
+            epochs = self.budget_epochs(trainer)
+            self.switched = epochs >= self.long_epochs
+            if trainer.is_global_zero:
+                choice = (f"dropout {self.long_dropout} from now on" if self.switched
+                          else "the model's dropout kept")
+                print(f"\nthe budget buys {epochs:.1f} epochs (long run: {self.long_epochs:g} or "
+                      f"more): {choice}", flush=True)
+        if self.switched:
+            module.model.set_dropout(self.long_dropout)
+
+
 def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     t = config.trainer
     # Checkpoints and early stopping act after each validation (once per epoch, or every
@@ -352,6 +395,9 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         callbacks.append(WeightEMA(config.optim.ema_decay))
     if t.keep_last_checkpoints > 0:
         callbacks.append(keep_last_callback(run_dir, t.keep_last_checkpoints))
+    if config.optim.long_run_dropout is not None:
+        callbacks.append(DropoutForBudget(config.optim.long_run_dropout,
+                                          config.optim.long_run_epochs))
     precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
     return L.Trainer(
         default_root_dir=run_dir,

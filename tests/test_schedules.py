@@ -1,6 +1,7 @@
-"""Learning-rate schedules as functions of the step."""
+"""Learning-rate schedules as functions of the step, and dropout by the budget's epochs."""
 
 import math
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -10,9 +11,9 @@ from lightning.pytorch.callbacks import Timer
 from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
-from nmt.training import budget_horizon, train, warmup_cosine
+from nmt.training import DropoutForBudget, budget_horizon, train, warmup_cosine
 
-from .conftest import tiny_train_args, write_corpus
+from .conftest import tiny_model, tiny_train_args, write_corpus
 
 
 def test_cosine_warms_up_then_anneals_to_the_floor_at_the_budget():
@@ -57,3 +58,58 @@ def test_cosine_over_epochs_reaches_its_floor_at_the_last_step(tmp_path):
                  "trainer.early_stopping_patience=10"]) == 0
     state = torch.load(run / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(1e-5)
+
+
+def budget_trainer(monkeypatch, epoch: int, step: int, elapsed: float) -> SimpleNamespace:
+    """What DropoutForBudget reads of a Trainer: 100 batches per epoch, 30 epochs at most, a
+    10-minute budget of which ``elapsed`` seconds are spent, at ``step`` in ``epoch``."""
+    timer = Timer(duration="00:00:10:00")
+    monkeypatch.setattr(timer, "time_elapsed", lambda stage="train": elapsed)
+    return SimpleNamespace(callbacks=[timer], max_steps=-1, max_epochs=30, num_training_batches=100,
+                           accumulate_grad_batches=1, global_step=step, current_epoch=epoch,
+                           strategy=SimpleNamespace(broadcast=lambda x: x), is_global_zero=True)
+
+
+def dropout_rates(model: torch.nn.Module) -> list[float]:
+    return [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+
+
+@pytest.mark.parametrize("long_epochs, switched", [(4, True), (12, False)])
+def test_dropout_for_budget_decides_once_after_the_first_epoch(monkeypatch, capsys,
+                                                                long_epochs, switched):
+    model = tiny_model("transformer", "scaled_dot", dropout=0.1, ff_dropout=0.05)
+    module = SimpleNamespace(model=model)
+    callback = DropoutForBudget(long_dropout=0.3, long_epochs=long_epochs)
+    callback.on_train_epoch_start(budget_trainer(monkeypatch, 0, 0, 0.0), module)
+    assert sorted(set(dropout_rates(model))) == [0.05, 0.1]  # the first epoch: as built
+    # 100 steps in 2 of 10 minutes: the budget ends at step 500, epoch 5.
+    callback.on_train_epoch_start(budget_trainer(monkeypatch, 1, 100, 120.0), module)
+    assert f"the budget buys 5.0 epochs (long run: {long_epochs} or more)" in capsys.readouterr().out
+    expected = [0.05, 0.3] if switched else [0.05, 0.1]  # feed-forward dropout keeps its own
+    assert sorted(set(dropout_rates(model))) == expected
+    # Decided once: a slower second epoch changes nothing, and a resume keeps the decision.
+    callback.on_train_epoch_start(budget_trainer(monkeypatch, 2, 200, 590.0), module)
+    resumed = DropoutForBudget(long_dropout=0.3, long_epochs=long_epochs)
+    resumed.load_state_dict(callback.state_dict())
+    fresh = tiny_model("transformer", "scaled_dot", dropout=0.1, ff_dropout=0.05)
+    resumed.on_train_epoch_start(budget_trainer(monkeypatch, 3, 300, 10.0),
+                                 SimpleNamespace(model=fresh))
+    assert sorted(set(dropout_rates(fresh))) == expected
+    assert capsys.readouterr().out == ""
+
+
+def test_the_rnn_sets_its_dropout_too():
+    model = tiny_model("rnn", "additive", dropout=0.3)
+    model.set_dropout(0.5)
+    assert set(dropout_rates(model)) == {0.5}
+
+
+def test_a_run_long_enough_switches_its_dropout_and_checkpoints_the_decision(tmp_path, capsys):
+    files = write_corpus(tmp_path)
+    run = tmp_path / "run"
+    assert main([*tiny_train_args(files, run, tmp_path / "data", epochs=3),
+                 "optim.long_run_dropout=0.3", "optim.long_run_epochs=3"]) == 0
+    assert "the budget buys 3.0 epochs (long run: 3 or more): dropout 0.3 from now on" \
+        in capsys.readouterr().out
+    state = torch.load(run / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["callbacks"]["DropoutForBudget"] == {"decided": True, "switched": True}

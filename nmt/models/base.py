@@ -5,6 +5,7 @@ A model offers
     encode(src, src_mask) -> memory                               once per batch
     init_state(memory) -> state                                   before the first step
     decode_step(prev (B,), state, memory, need_attn, beams) -> (log_probs (B, V), state, attn | None)
+    set_dropout(p)                                                training: ``dropout`` from now on
 where attn is the source attention of this step, (B, ..., S): (B, S) for the RNN,
 (B, L, H, S) per layer and head for the Transformer.
 ``memory`` and ``state`` are nests of tensors (tuples, lists, dicts) whose tensors all have
@@ -51,6 +52,8 @@ class Seq2Seq(Protocol):
         self, prev: Tensor, state: Any, memory: Any, need_attn: bool = False,
         beams: Beams | None = None,
     ) -> tuple[Tensor, Any, Tensor | None]: ...
+
+    def set_dropout(self, p: float) -> None: ...
 
 
 def select_rows(nest: Any, index: Tensor) -> Any:

@@ -92,6 +92,11 @@ class RNNModel(nn.Module):
         state_dict.setdefault(prefix + "emb_scale", torch.tensor(1.0))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def set_dropout(self, p: float) -> None:
+        """``dropout`` (embeddings, decoder state and output) from now on; the dropout
+        between stacked encoder layers keeps its value."""
+        self.drop.p = p
+
     def _embed(self, tokens: Tensor) -> Tensor:
         """(...) token ids -> (..., E) scaled embeddings."""
         return self.embed(tokens) * self.emb_scale

@@ -143,6 +143,14 @@ class TransformerModel(nn.Module):
         self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
 
+    def set_dropout(self, p: float) -> None:
+        """The residual and embedding dropout (``dropout``) from now on; attention and
+        feed-forward dropout keep theirs."""
+        for module in self.modules():
+            if isinstance(module, Residual):
+                module.drop.p = p
+        self.drop.p = p
+
     def _embed(self, tokens: Tensor, start: int = 0) -> Tensor:
         """(B, T) -> (B, T, D): scaled embedding + positions start..start+T-1."""
         positions = self.positions[start : start + tokens.size(1)]
