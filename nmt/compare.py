@@ -140,7 +140,8 @@ NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar",),
 # that value an option is left out of the key, so the recorded cells stay valid (the study
 # preset pins it there).
 ADDED_SINCE = {"decoding": {"prune_margin": None}, "trainer": {"best_metric": "val_bleu"},
-               "model": {"embed_init": "unit"}}
+               "model": {"embed_init": "unit"},
+               "optim": {"long_run_dropout": None, "long_run_epochs": 12.0}}
 
 
 def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
