@@ -447,6 +447,10 @@ def train(config: Config) -> Path:
     L.seed_everything(config.seed, workers=True, verbose=False)
     data = prepare_data(config.data)
     model = build_model(config.model, len(data.tokenizer))
+    long_dropout = config.optim.long_run_dropout
+    if long_dropout is not None and not (0 <= long_dropout < 1 and hasattr(model, "set_dropout")):
+        raise NMTError(f"optim.long_run_dropout {long_dropout} needs a value in [0, 1) and a model "
+                       f"with set_dropout ({type(model).__name__})")
     if config.data.max_len >= model.max_positions:
         raise NMTError(f"data.max_len {config.data.max_len} must be below the model's "
                        f"max_positions {model.max_positions}")

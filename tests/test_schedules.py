@@ -113,3 +113,10 @@ def test_a_run_long_enough_switches_its_dropout_and_checkpoints_the_decision(tmp
         in capsys.readouterr().out
     state = torch.load(run / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["callbacks"]["DropoutForBudget"] == {"decided": True, "switched": True}
+
+
+def test_a_long_run_dropout_outside_0_1_is_an_error(tmp_path, capsys):
+    files = write_corpus(tmp_path)
+    args = [*tiny_train_args(files, tmp_path / "run", tmp_path / "data"), "optim.long_run_dropout=1.5"]
+    assert main(args) != 0
+    assert "optim.long_run_dropout 1.5 needs a value in [0, 1)" in capsys.readouterr().err
