@@ -48,7 +48,10 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         count = keep.sum().clamp(min=1)
         # d mean_loss / d loss_i: 1 / count on counted rows, 0 on ignored ones; (N, 1)
         weight = (keep / count)[:, None]
-        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
+        # fp16 (with a gradient scaler) would flush small gradients to zero before backward
+        # brings the loss scale in: it gets an fp32 gradient, cast back once scaled.
+        grad_dtype = torch.float32 if logits.dtype == torch.float16 else logits.dtype
+        grad = torch.empty_like(logits, dtype=grad_dtype) if ctx.needs_input_grad[0] else None
         total = logits.new_zeros((), dtype=torch.float32)
         rows = _rows_per_block(logits)
         for start in range(0, logits.size(0), rows):
@@ -61,15 +64,16 @@ class SmoothedCrossEntropy(torch.autograd.Function):
                 g = log_p.exp_().mul_(w).sub_(w * (eps / logits.size(1)))
                 grad[block] = g.scatter_add_(1, target[block], w * (eps - 1))
         ctx.save_for_backward(grad)
+        ctx.logits_dtype = logits.dtype
         return total / count
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor):
         (grad,) = ctx.saved_tensors
-        if grad.device.type == "cpu" and grad_loss.item() == 1:  # no accumulation or scaling:
-            return grad, None, None, None  # spare a pass over the gradient and its memory
-        return grad * grad_loss, None, None, None  # a 0-dim factor keeps grad's dtype
+        if grad.device.type == "cpu" and grad.dtype == ctx.logits_dtype and grad_loss.item() == 1:
+            return grad, None, None, None  # no accumulation or scaling: spare a pass and memory
+        return (grad * grad_loss).to(ctx.logits_dtype), None, None, None
 
 
 def smoothed_cross_entropy(logits: Tensor, target: Tensor, eps: float = 0.0,

@@ -10,10 +10,11 @@ from nmt.loss import smoothed_cross_entropy
 PAD = 0
 
 
-def loss_and_grad(loss_fn, logits: torch.Tensor, target: torch.Tensor, eps: float):
-    x = logits.clone().requires_grad_()
+def loss_and_grad(loss_fn, logits: torch.Tensor, target: torch.Tensor, eps: float,
+                  scale: float = 2.5):
+    x = logits.detach().clone().requires_grad_()  # clone keeps a non-contiguous layout
     loss = loss_fn(x, target, eps)
-    (2.5 * loss).backward()  # a grad_output other than 1 must scale the gradient
+    (scale * loss).backward()  # a grad_output other than 1 must scale the gradient
     return loss.detach(), x.grad
 
 
@@ -27,14 +28,15 @@ def ours(x, target, eps):
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
 @pytest.mark.parametrize("block_elements", [7, 100, 2**19])  # a block of 1 row, ragged, all rows
-def test_value_and_gradient_match_torch_with_ignored_rows(monkeypatch, eps, block_elements):
+@pytest.mark.parametrize("scale", [1.0, 2.5])  # 1: backward hands the forward's gradient on
+def test_value_and_gradient_match_torch_with_ignored_rows(monkeypatch, eps, block_elements, scale):
     monkeypatch.setattr(nmt.loss, "CHUNK_ELEMENTS", block_elements)
     torch.manual_seed(0)
     logits = 3 * torch.randn(37, 11)
     target = torch.randint(1, 11, (37,))
     target[[0, 5, 36]] = PAD
-    expected, expected_grad = loss_and_grad(reference, logits, target, eps)
-    loss, grad = loss_and_grad(ours, logits, target, eps)
+    expected, expected_grad = loss_and_grad(reference, logits, target, eps, scale)
+    loss, grad = loss_and_grad(ours, logits, target, eps, scale)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert torch.allclose(grad, expected_grad, atol=1e-7)
     assert grad[[0, 5, 36]].abs().max() == 0  # ignored rows get no gradient
@@ -54,7 +56,8 @@ def test_bf16_logits_get_an_fp32_loss_and_a_bf16_gradient_like_an_fp32_copy():
 @pytest.mark.parametrize("ignore_index", [3, -100])  # an index inside the vocabulary, or not
 def test_any_ignore_index_and_non_contiguous_logits(ignore_index):
     torch.manual_seed(2)
-    logits = torch.randn(6, 20, 9).transpose(0, 1).flatten(0, 1)  # (120, 9), not contiguous
+    logits = torch.randn(9, 120).t()  # (120, 9), column-major
+    assert not logits.is_contiguous()
     target = torch.randint(0, 9, (120,))
     target[::7] = ignore_index
 
@@ -99,3 +102,16 @@ def test_the_saved_gradient_survives_a_unit_backward_and_a_second_one():
     (scaled,) = torch.autograd.grad(2.5 * loss, logits)
     assert torch.allclose(unit * 2.5, expected_grad, atol=1e-7)
     assert torch.allclose(scaled, expected_grad, atol=1e-7)
+
+
+def test_fp16_logits_under_a_loss_scale_keep_their_small_gradients():
+    """With 16-mixed, the gradient scaler's factor arrives in backward: a gradient stored in
+    fp16 before it would flush most entries (p / tokens) to zero."""
+    torch.manual_seed(5)
+    logits = (3 * torch.randn(512, 4000)).half()
+    target = torch.randint(1, 4000, (512,))
+    _, expected_grad = loss_and_grad(reference, logits, target, 0.1, scale=65536.0)
+    _, grad = loss_and_grad(ours, logits, target, 0.1, scale=65536.0)
+    assert grad.dtype == torch.float16
+    assert (grad == 0).float().mean() <= (expected_grad == 0).float().mean() + 1e-4
+    assert torch.allclose(grad.float(), expected_grad.float(), rtol=1e-2, atol=1e-3)
