@@ -64,10 +64,11 @@ def warmup_cosine(warmup: int, horizon: Callable[[int], float], floor: float):
 
 
 def budget_horizon(trainer: L.Trainer) -> Callable[[int], float]:
-    """The step at which training will end, as known at ``step``: ``max_steps``, else the steps
-    of ``max_epochs`` epochs, or, sooner, the step that ``max_time`` reaches at the speed so far
-    (``step`` x duration / time elapsed, validation included; the Timer's elapsed time survives
-    a resume). A time budget thus anneals to its end, whatever the machine's speed.
+    """The step at which training will end, as known at ``step``: ``max_steps`` or the steps of
+    ``max_epochs`` epochs, whichever comes first (as Lightning stops), or, sooner, the step that
+    ``max_time`` reaches at the speed so far (``step`` x duration / time elapsed, validation
+    included; the Timer's elapsed time survives a resume). A time budget thus anneals to its
+    end, whatever the machine's speed.
 
     Read when the schedule steps, from the loop's own counts: ``estimated_stepping_batches``
     would build a training loader here, and drawing its seeds would shift the dropout masks of
@@ -77,12 +78,10 @@ def budget_horizon(trainer: L.Trainer) -> Callable[[int], float]:
         else timer.time_elapsed() + timer.time_remaining()
 
     def horizon(step: int) -> float:
-        if trainer.max_steps > 0:
-            steps = trainer.max_steps
-        elif trainer.max_epochs is None or trainer.max_epochs < 0:  # no epoch limit
-            steps = math.inf
-        else:
-            steps = trainer.max_epochs * trainer.num_training_batches / trainer.accumulate_grad_batches
+        steps = trainer.max_steps if trainer.max_steps > 0 else math.inf
+        if trainer.max_epochs is not None and trainer.max_epochs >= 0:  # an epoch limit too
+            steps = min(steps, trainer.max_epochs * trainer.num_training_batches
+                        / trainer.accumulate_grad_batches)
         if duration is None or step == 0:
             return steps
         # Rank 0's clock, as Lightning's Timer decides when to stop: every replica of a

@@ -50,6 +50,13 @@ def test_a_time_budget_ends_where_the_speed_so_far_reaches_it(monkeypatch):
     assert budget_horizon(endless)(50) == pytest.approx(250)  # no epoch limit: time alone
 
 
+@pytest.mark.parametrize("max_steps, expected", [(100_000, 400), (300, 300), (-1, 400)])
+def test_steps_and_epochs_end_the_budget_whichever_comes_first(max_steps, expected):
+    trainer = SimpleNamespace(callbacks=[], max_steps=max_steps, max_epochs=8,
+                              num_training_batches=100, accumulate_grad_batches=2)
+    assert budget_horizon(trainer)(50) == expected  # 8 epochs of 50 optimizer steps: 400
+
+
 def test_cosine_over_epochs_reaches_its_floor_at_the_last_step(tmp_path):
     files = write_corpus(tmp_path)
     run = tmp_path / "run"
