@@ -310,6 +310,9 @@ def _check_resumable(config: Config, run_dir: Path) -> Path | None:
     if not last.is_file() or not saved.is_file():
         return None
     before, now = _flat(yaml.safe_load(saved.read_text())), _flat(to_dict(config))
+    # An option added after the run was saved did, at its built-in default, what the run did.
+    defaults = _flat(to_dict(Config()))
+    before.update((key, defaults[key]) for key in now.keys() - before.keys() if key in defaults)
     for key in sorted(before.keys() | now.keys()):
         if key not in RESUMABLE_CHANGES and key.split(".")[0] != "decoding" \
                 and before.get(key) != now.get(key):

@@ -146,3 +146,18 @@ def test_resume_with_a_trajectory_option_changed_is_an_error(corpus, tmp_path, c
     # Budgets, validation cadence and decoding may change.
     assert main(args(corpus, tmp_path, "trainer.max_steps=2", "trainer.val_check_interval=1",
                      "decoding.beam_size=2")) == 0
+
+
+def test_a_run_saved_before_an_option_existed_resumes_at_its_default(corpus, tmp_path, capsys):
+    """A run whose config.yaml predates optim.long_run_* resumes where the option is at its
+    built-in default (what the run did), and not where it would change the trajectory."""
+    assert main(args(corpus, tmp_path, "trainer.max_steps=1")) == 0
+    saved = tmp_path / "config.yaml"
+    text = saved.read_text()
+    old = "\n".join(line for line in text.splitlines() if "long_run_" not in line) + "\n"
+    assert old != text
+    saved.write_text(old)
+    capsys.readouterr()
+    assert main(args(corpus, tmp_path)) == 1  # the Transformer config now sets 0.2
+    assert "trained with optim.long_run_dropout=None, not 0.2" in capsys.readouterr().err
+    assert main(args(corpus, tmp_path, "optim.long_run_dropout=null")) == 0
