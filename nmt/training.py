@@ -63,6 +63,11 @@ def warmup_cosine(warmup: int, horizon: Callable[[int], float], floor: float):
     return factor
 
 
+def steps_per_epoch(trainer: L.Trainer) -> float:
+    """Optimizer steps in one epoch of the running fit."""
+    return trainer.num_training_batches / trainer.accumulate_grad_batches
+
+
 def budget_horizon(trainer: L.Trainer) -> Callable[[int], float]:
     """The step at which training will end, as known at ``step``: ``max_steps`` or the steps of
     ``max_epochs`` epochs, whichever comes first (as Lightning stops), or, sooner, the step that
@@ -80,8 +85,7 @@ def budget_horizon(trainer: L.Trainer) -> Callable[[int], float]:
     def horizon(step: int) -> float:
         steps = trainer.max_steps if trainer.max_steps > 0 else math.inf
         if trainer.max_epochs is not None and trainer.max_epochs >= 0:  # an epoch limit too
-            steps = min(steps, trainer.max_epochs * trainer.num_training_batches
-                        / trainer.accumulate_grad_batches)
+            steps = min(steps, trainer.max_epochs * steps_per_epoch(trainer))
         if duration is None or step == 0:
             return steps
         # Rank 0's clock, as Lightning's Timer decides when to stop: every replica of a
@@ -359,8 +363,7 @@ class DropoutForBudget(L.Callback):
 
     def budget_epochs(self, trainer: L.Trainer) -> float:
         """The epochs the budget buys, as known now."""
-        steps_per_epoch = trainer.num_training_batches / trainer.accumulate_grad_batches
-        return budget_horizon(trainer)(trainer.global_step) / steps_per_epoch
+        return budget_horizon(trainer)(trainer.global_step) / steps_per_epoch(trainer)
 
     def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if not self.decided and trainer.current_epoch >= 1:
