@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from nmt.config import DECODING_PRECISIONS
 from nmt.data.tokenizer import BOS, UNK
@@ -183,6 +184,17 @@ class CachedMixedPrecision(MixedPrecision):
 
     def forward_context(self) -> torch.autocast:
         return torch.autocast(self.device, dtype=AUTOCAST_DTYPES[self.precision.split("-")[0]])
+
+    def clip_gradients(self, optimizer: torch.optim.Optimizer, clip_val: float = 0.0,
+                       gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
+                       ) -> None:
+        """Lightning refuses to clip for an optimizer that unscales its own gradients (fused
+        Adam), which is right under fp16's gradient scaler: they would be clipped still scaled.
+        bf16 has no scaler, so its gradients are the true ones and clip as in full precision."""
+        if self.scaler is None:
+            Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
+        else:
+            super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
 
 
 def trainer_precision(choice: PrecisionChoice, accelerator: str) -> tuple[str | None, list]:

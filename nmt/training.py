@@ -241,11 +241,18 @@ class TranslationModule(L.LightningModule):
         minutes = (self.totals["wall_seconds"] + time.perf_counter() - self._fit_start) / 60
         self.log("wall_minutes", minutes)
 
+    def _fused_adam(self) -> bool:
+        """Adam's fused kernel updates every parameter in one pass instead of ~10 operators
+        per parameter tensor: a bf16 Transformer step ran 1.03x faster (2-core AMD EPYC Zen 4,
+        README, Performance). Not under fp16's gradient scaler: its fused step unscales the
+        gradients itself, after Lightning has clipped them still scaled."""
+        return self.device.type in ("cpu", "cuda") and self.trainer.precision != "16-mixed"
+
     def configure_optimizers(self):
         optim = self.optim
         optimizer = torch.optim.Adam(
             self.parameters(), lr=optim.lr, betas=tuple(optim.betas),
-            weight_decay=optim.weight_decay,
+            weight_decay=optim.weight_decay, fused=self._fused_adam(),
         )
         if optim.schedule == "constant":
             return optimizer

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from nmt import precision
+from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
 
-from .conftest import reversal_batch, tiny_model
+from .conftest import reversal_batch, tiny_model, tiny_train_args, write_corpus
 
 
 @pytest.fixture
@@ -171,3 +172,59 @@ def test_the_cast_cache_keeps_every_gradient():
         assert all(g is not None for g in cached)
         for c, u in zip(cached, uncached):
             assert (c - u).norm() <= 0.01 * u.norm()
+
+
+def test_rnn_casts_its_annotations_once_under_autocast(monkeypatch):
+    """Under bf16 autocast the RNN's encoder hands bf16 annotations to the decoder (fp32
+    without autocast): the same logits as casting them at every decoder step, and encoder
+    gradients within a percent of that."""
+    from nmt.models import rnn
+
+    b = reversal_batch(random.Random(2), 6)
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model = tiny_model("rnn", "additive", vocab=30, seed=5).eval()  # no dropout draws
+        with torch.autocast("cpu", torch.bfloat16):
+            logits = model(b.src, b.src_mask, b.tgt_in)
+        logits.float().logsumexp(-1).mean().backward()
+        return logits, [p.grad for p in model.encoder.parameters()]
+
+    model = tiny_model("rnn", "additive", vocab=30, seed=5)
+    assert model.encode(b.src, b.src_mask)["annotations"].dtype == torch.float32
+    with torch.autocast("cpu", torch.bfloat16):
+        assert model.encode(b.src, b.src_mask)["annotations"].dtype == torch.bfloat16
+    once, once_grads = run()
+    monkeypatch.setattr(rnn, "in_autocast_dtype", lambda x: x)  # cast at every step
+    every_step, every_step_grads = run()
+    torch.testing.assert_close(once, every_step, rtol=0, atol=0)
+    for g, ref in zip(once_grads, every_step_grads):
+        assert (g - ref).norm() <= 0.01 * ref.norm()
+
+
+def test_bf16_clips_the_gradients_of_an_optimizer_that_unscales_its_own():
+    """Lightning's mixed precision refuses to clip for fused Adam, which is right under fp16's
+    gradient scaler; bf16 has no scaler, and ours clips there as full precision does."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    weight = torch.nn.Parameter(torch.zeros(4))
+    optimizer = torch.optim.Adam([weight], fused=True)
+    weight.grad = torch.full((4,), 10.0)
+    with pytest.raises(RuntimeError, match="fused"):
+        MixedPrecision("bf16-mixed", "cpu").clip_gradients(optimizer, 1.0)
+    with pytest.raises(RuntimeError, match="fused"):
+        precision.CachedMixedPrecision("16-mixed", "cpu").clip_gradients(optimizer, 1.0)
+    precision.CachedMixedPrecision("bf16-mixed", "cpu").clip_gradients(optimizer, 1.0)
+    torch.testing.assert_close(weight.grad.norm(), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("given", ["bf16-mixed", "32-true"])
+def test_training_clips_with_fused_adam(tmp_path, given):
+    """The configs clip gradients at 1.0; a run in either precision trains with Adam's fused
+    kernel (recorded in its checkpoint) and takes its steps."""
+    files = write_corpus(tmp_path)
+    run = tmp_path / "run"
+    assert main([*tiny_train_args(files, run, tmp_path / "data"), f"trainer.precision={given}",
+                 "trainer.max_steps=2"]) == 0
+    state = torch.load(run / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["global_step"] == 2
+    assert state["optimizer_states"][0]["param_groups"][0]["fused"] is True
