@@ -6,9 +6,10 @@ Every variant trains a fresh model on the same real batches (Multi30k, the confi
 budget). The reference is the shipped setup: glibc malloc keeping freed memory
 (nmt.allocator), the precision `trainer.precision: auto` chooses on this machine (bf16
 autocast or fp32), dropout masks drawn by nmt.dropout, the blockwise label-smoothed
-cross-entropy of nmt.loss and, for the Transformer, the explicit attention path
+cross-entropy of nmt.loss, Adam's fused kernel and, for the Transformer, the explicit attention path
 at sentence lengths with no dropout on attention weights or inside the feed-forward layer;
-for the additive scorer, its sigmoid form (nmt.attention.AdditiveScorer).
+for the additive scorer, its sigmoid form (nmt.attention.AdditiveScorer); for the RNN, its
+annotations cast once to autocast's dtype (nmt.models.rnn.in_autocast_dtype).
 Each other variant turns one lever off (for precision: takes the other one); its speed-up is
 its seconds per step over the reference's.
 """
@@ -28,6 +29,7 @@ from bench_additive_sigmoid import tanh_score
 
 import nmt.attention
 import nmt.dropout
+import nmt.models.rnn
 from nmt.allocator import keep_freed_memory
 from nmt.attention import AdditiveScorer, ScaledDotScorer
 from nmt.config import load_config
@@ -48,6 +50,8 @@ class Variant:
     torch_dropout: bool = False  # torch's dropout (bernoulli_ masks) instead of nmt.dropout's
     torch_loss: bool = False  # F.cross_entropy on an fp32 copy instead of nmt.loss's
     tanh_additive: bool = False  # v^T tanh(W q + U k) as written, instead of its sigmoid form
+    unfused_adam: bool = False  # Adam's loop of per-tensor operators instead of its fused kernel
+    cast_per_step: bool = False  # the RNN's annotations cast at every decoder step, not once
 
 
 def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -59,7 +63,7 @@ def seconds_per_step(variant: Variant, auto_bf16: bool, model_cfg: dict, vocab: 
     bf16 = auto_bf16 != variant.other_precision
     torch.manual_seed(0)
     model = build_model({**model_cfg, **variant.model_overrides}, vocab)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=not variant.unfused_adam)
     fused_from = 0 if variant.fused_attention_everywhere else ScaledDotScorer.FUSED_CPU_MIN_SCORES
 
     def step(batch):
@@ -83,6 +87,8 @@ def seconds_per_step(variant: Variant, auto_bf16: bool, model_cfg: dict, vocab: 
             patches.enter_context(mock.patch.object(nmt.attention, "apply_dropout", torch_dropout))
         if variant.tanh_additive:
             patches.enter_context(mock.patch.object(AdditiveScorer, "score", tanh_score))
+        if variant.cast_per_step:
+            patches.enter_context(mock.patch.object(nmt.models.rnn, "in_autocast_dtype", lambda x: x))
         step(batches[0])  # warm-up
         start = time.perf_counter()
         for batch in batches[1:]:
@@ -104,10 +110,13 @@ def main() -> None:
     reference = Variant("shipped setup (reference)", {})
     off = [Variant("fp32 (no bf16 autocast)" if bf16 else "bf16 autocast", {}, other_precision=True),
            Variant("torch's dropout masks (bernoulli_)", {}, torch_dropout=True),
-           Variant("torch's cross-entropy on an fp32 copy", {}, torch_loss=True)]
+           Variant("torch's cross-entropy on an fp32 copy", {}, torch_loss=True),
+           Variant("Adam unfused (a loop of per-tensor ops)", {}, unfused_adam=True)]
     if cfg.model["family"] == "transformer":
         off += [Variant("fused SDPA at every length", {}, fused_attention_everywhere=True),
                 Variant("attn+ff dropout 0.1", {"attention_dropout": 0.1, "ff_dropout": 0.1})]
+    if cfg.model["family"] == "rnn" and bf16:
+        off += [Variant("RNN annotations cast at every step", {}, cast_per_step=True)]
     if cfg.model["attention"] == "additive":
         off += [Variant("tanh in the additive scorer (as written)", {}, tanh_additive=True)]
 
