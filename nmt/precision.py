@@ -197,13 +197,18 @@ class CachedMixedPrecision(MixedPrecision):
             super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
 
 
+MIXED_ALIASES = {"bf16": "bf16-mixed", "16": "16-mixed"}  # Lightning's names for the same
+
+
 def trainer_precision(choice: PrecisionChoice, accelerator: str) -> tuple[str | None, list]:
     """``L.Trainer``'s ``precision`` flag and precision plugins for ``choice``: a mixed
-    precision (bf16-mixed, 16-mixed) as ``CachedMixedPrecision``, any other by its name."""
-    if not choice.precision.endswith("-mixed"):
-        return choice.precision, []
+    precision (bf16-mixed, 16-mixed, or Lightning's short names for them, bf16 and 16) as
+    ``CachedMixedPrecision``, any other by its name."""
+    precision = MIXED_ALIASES.get(choice.precision, choice.precision)
+    if not precision.endswith("-mixed"):
+        return precision, []
     cuda = torch.cuda.is_available() and accelerator in ("auto", "cuda", "gpu")
-    return None, [CachedMixedPrecision(choice.precision, "cuda" if cuda else "cpu")]
+    return None, [CachedMixedPrecision(precision, "cuda" if cuda else "cpu")]
 
 
 PROBE_STEPS = 4  # decoding steps per timed round of ``time_decoding``

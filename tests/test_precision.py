@@ -131,16 +131,19 @@ def test_bf16_decoding_keeps_scores_in_fp32(family):
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(4))
 
 
-@pytest.mark.parametrize("given,plugin", [("bf16-mixed", True), ("32-true", False)])
-def test_mixed_precision_training_keeps_autocasts_cast_cache(tmp_path, given, plugin):
+@pytest.mark.parametrize("given,runs_in,plugin", [("bf16-mixed", "bf16-mixed", True),
+                                                  ("bf16", "bf16-mixed", True),
+                                                  ("32-true", "32-true", False)])
+def test_mixed_precision_training_keeps_autocasts_cast_cache(tmp_path, given, runs_in, plugin):
     """Training's steps run under autocast with its cast cache on (Lightning's own plugin has
-    it off); full precision stays with Lightning's flag."""
+    it off), also when given by Lightning's short name; full precision stays with Lightning's
+    flag."""
     from nmt.training import build_trainer
 
     config = load_config("configs/rnn_bahdanau.yaml",
                          [f"trainer.precision={given}", "trainer.accelerator=cpu"])
     trainer = build_trainer(config, tmp_path)
-    assert trainer.precision == given
+    assert trainer.precision == runs_in
     assert isinstance(trainer.precision_plugin, precision.CachedMixedPrecision) == plugin
     if plugin:
         with trainer.precision_plugin.forward_context():
@@ -217,9 +220,9 @@ def test_bf16_clips_the_gradients_of_an_optimizer_that_unscales_its_own():
     torch.testing.assert_close(weight.grad.norm(), torch.tensor(1.0))
 
 
-@pytest.mark.parametrize("given", ["bf16-mixed", "32-true"])
+@pytest.mark.parametrize("given", ["bf16-mixed", "bf16", "32-true"])
 def test_training_clips_with_fused_adam(tmp_path, given):
-    """The configs clip gradients at 1.0; a run in either precision trains with Adam's fused
+    """The configs clip gradients at 1.0; a run in any of these precisions trains with Adam's fused
     kernel (recorded in its checkpoint) and takes its steps."""
     files = write_corpus(tmp_path)
     run = tmp_path / "run"
