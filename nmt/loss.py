@@ -53,16 +53,20 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         grad_dtype = torch.float32 if logits.dtype == torch.float16 else logits.dtype
         grad = torch.empty_like(logits, dtype=grad_dtype) if ctx.needs_input_grad[0] else None
         total = logits.new_zeros((), dtype=torch.float32)
-        rows = _rows_per_block(logits)
+        rows, vocab = _rows_per_block(logits), logits.size(1)
         for start in range(0, logits.size(0), rows):
             block = slice(start, start + rows)
-            log_p = torch.log_softmax(logits[block], dim=-1, dtype=torch.float32)  # (n, V)
-            row_loss = -(1 - eps) * log_p.gather(1, target[block]) - eps * log_p.mean(-1, True)
+            x, t = logits[block].float(), target[block]  # (n, V) in fp32, (n, 1)
+            p = torch.softmax(x, dim=-1)  # (n, V): the block's one pass of exponentials
+            # log p_j = x_j - lse, with lse the row's log-sum-exp; the largest p is exp(0)
+            # over the row's sum (and at least 1/V, so its log is exact to fp32 rounding)
+            lse = x.amax(-1, keepdim=True) - p.amax(-1, keepdim=True).log()  # (n, 1)
+            row_loss = lse - (1 - eps) * x.gather(1, t) - eps * x.mean(-1, keepdim=True)
             total += torch.where(keep[block, None], row_loss, 0.0).sum()  # an ignored inf stays out
             if grad is not None:  # p - (1 - eps) onehot - eps / V, times the row's weight
                 w = weight[block]
-                g = log_p.exp_().mul_(w).sub_(w * (eps / logits.size(1)))
-                grad[block] = g.scatter_add_(1, target[block], w * (eps - 1))
+                g = p.mul_(w).sub_(w * (eps / vocab))
+                grad[block] = g.scatter_add_(1, t, w * (eps - 1))
         ctx.save_for_backward(grad)
         ctx.logits_dtype = logits.dtype
         return total / count
