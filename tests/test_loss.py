@@ -115,3 +115,18 @@ def test_fp16_logits_under_a_loss_scale_keep_their_small_gradients():
     assert grad.dtype == torch.float16
     assert (grad == 0).float().mean() <= (expected_grad == 0).float().mean() + 1e-4
     assert torch.allclose(grad.float(), expected_grad.float(), rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_confidently_wrong_rows_keep_their_exact_large_loss(dtype):
+    """The log-sum-exp comes from the softmax's largest value: with logits hundreds apart,
+    where most probabilities underflow to 0, the loss of a target far below the row's maximum
+    must still be its exact (large) value, not inf or a clipped one."""
+    torch.manual_seed(6)
+    logits = (300 * torch.randn(16, 50)).to(dtype)
+    target = logits.float().argmin(-1)  # the least likely token of each row
+    expected, expected_grad = loss_and_grad(reference, logits, target, 0.1)
+    loss, grad = loss_and_grad(ours, logits, target, 0.1)
+    assert expected.item() > 500
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert torch.allclose(grad.float(), expected_grad.float(), rtol=1e-2, atol=1e-6)
