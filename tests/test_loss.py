@@ -130,3 +130,22 @@ def test_confidently_wrong_rows_keep_their_exact_large_loss(dtype):
     assert expected.item() > 500
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert torch.allclose(grad.float(), expected_grad.float(), rtol=1e-2, atol=1e-6)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_masked_tokens_and_a_large_shared_offset_match_torch(eps):
+    """-inf logits (tokens masked out) must not turn the loss into NaN (torch: finite without
+    smoothing, inf with it, the smoothing's mass on masked tokens), and logits far from 0 (a
+    shared offset of 1,000, or of 1e34, where a plain mean overflows fp32) must give torch's
+    value: the loss does not change when a row is shifted."""
+    torch.manual_seed(7)
+    base = 3 * torch.randn(24, 400)
+    target = torch.randint(1, 200, (24,))
+    masked = base.clone()
+    masked[:, 200:] = float("-inf")  # never a target
+    huge = 1e34 * (1 + 0.01 * torch.randn(24, 400))
+    for logits in (masked, base + 1000, huge):
+        expected, expected_grad = loss_and_grad(reference, logits, target, eps)
+        loss, grad = loss_and_grad(ours, logits, target, eps)
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-5)  # inf == inf
+        assert torch.allclose(grad, expected_grad, atol=1e-6)
