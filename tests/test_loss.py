@@ -136,8 +136,8 @@ def test_confidently_wrong_rows_keep_their_exact_large_loss(dtype):
 def test_masked_tokens_and_a_large_shared_offset_match_torch(eps):
     """-inf logits (tokens masked out) must not turn the loss into NaN (torch: finite without
     smoothing, inf with it, the smoothing's mass on masked tokens), and logits far from 0 (a
-    shared offset of 1,000, or of 1e34, where a plain mean overflows fp32) must give torch's
-    value: the loss does not change when a row is shifted."""
+    shared offset of 1,000, or of 1e34) must give torch's value: the loss does not change when
+    a row is shifted, so its terms must not cancel at the logits' magnitude."""
     torch.manual_seed(7)
     base = 3 * torch.randn(24, 400)
     target = torch.randint(1, 200, (24,))
