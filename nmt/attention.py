@@ -257,14 +257,23 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """(B, T, D), output of ``project_keys``, mask (B, 1|T, S) -> (B, T, D), weights
         (B, H, T, S) or None."""
+        context, weights = self.attend_projected(self.q_proj(query), keys_values, mask, need_weights)
+        return self.out_proj(context), weights
+
+    def attend_projected(
+        self, query: Tensor, keys_values: tuple[Tensor, Tensor], mask: Tensor | None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """``forward`` between the projections: queries already through ``q_proj`` (B, T, D)
+        -> the heads' contexts concatenated (B, T, D), before ``out_proj``, and the weights.
+        For callers that change the rows between the projections (beam search's padding)."""
         keys, values = keys_values
-        q = self._split(self.q_proj(query))  # (B, H, T, Dh)
+        q = self._split(query)  # (B, H, T, Dh)
         mask = mask.unsqueeze(1) if mask is not None else None  # (B, 1, 1|T, S)
         dropout = self.dropout if self.training else 0.0
         context, weights = self.scorer.attend(q, keys, values, mask, dropout, need_weights)
         b, _, t, _ = context.shape
-        context = context.transpose(1, 2).reshape(b, t, -1)  # (B, T, D)
-        return self.out_proj(context), weights
+        return context.transpose(1, 2).reshape(b, t, -1), weights  # (B, T, D)
 
     def flops(self, t: int, s: int) -> int:
         """Forward FLOPs for one sentence: T queries over S keys, four projections."""

@@ -102,12 +102,16 @@ class DecoderLayer(nn.Module):
             return self.self_attn(h, (keys, values), self_mask)[0]
 
         def cross_attend(h: Tensor) -> Tensor:
-            n, t = src_mask.size(0), h.size(1)  # sentences, K beam slots each (models.base)
-            out, attn = self.cross_attn(beams_as_queries(h, n, beams), cross_kv, src_mask, need_attn)
+            # The projections run on the batch's rows only, the attention on the sentences'
+            # K beam slots each (models.base): pruned slots cost no projection work.
+            n, t = src_mask.size(0), h.size(1)
+            queries = beams_as_queries(self.cross_attn.q_proj(h), n, beams)  # (n, K * T, D)
+            context, attn = self.cross_attn.attend_projected(queries, cross_kv, src_mask, need_attn)
             if attn is not None:  # (n, H, K * T, S) -> (n * K, H, T, S)
                 attn = beam_rows(attn.unflatten(2, (-1, t)).transpose(1, 2).flatten(0, 1), beams)
             cached["attn"] = attn
-            return beam_rows(out.reshape(-1, t, out.size(-1)), beams)  # (B, T, D)
+            context = beam_rows(context.reshape(-1, t, context.size(-1)), beams)  # (B, T, D)
+            return self.cross_attn.out_proj(context)
 
         x = self.res_self(x, self_attend)
         x = self.res_cross(x, cross_attend)
