@@ -9,7 +9,7 @@ autocast or fp32), dropout masks drawn by nmt.dropout, the blockwise label-smoot
 cross-entropy of nmt.loss, Adam's fused kernel and, for the Transformer, the explicit attention path
 at sentence lengths with no dropout on attention weights or inside the feed-forward layer;
 for the additive scorer, its sigmoid form (nmt.attention.AdditiveScorer); for the RNN, its
-annotations cast once to autocast's dtype (nmt.models.rnn.in_autocast_dtype).
+annotations cast once to autocast's dtype (nmt.models.autocast.in_autocast_dtype).
 Each other variant turns one lever off (for precision: takes the other one); its speed-up is
 its seconds per step over the reference's.
 """

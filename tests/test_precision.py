@@ -4,6 +4,7 @@ import random
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt import precision
 from nmt.cli import main
@@ -177,31 +178,50 @@ def test_the_cast_cache_keeps_every_gradient():
             assert (c - u).norm() <= 0.01 * u.norm()
 
 
-def test_rnn_casts_its_annotations_once_under_autocast(monkeypatch):
+class CastCounter(TorchDispatchMode):
+    """Counts the dtype conversions (``aten._to_copy``) run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.casts += func is torch.ops.aten._to_copy.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("family", ["rnn", "transformer"])
+def test_a_tensor_read_by_several_matmuls_is_cast_once_under_autocast(monkeypatch, family):
     """Under bf16 autocast the RNN's encoder hands bf16 annotations to the decoder (fp32
-    without autocast): the same logits as casting them at every decoder step, and encoder
+    without autocast), and the Transformer casts each attention input once for its
+    projections: fewer casts, the same logits as casting at every use, and encoder
     gradients within a percent of that."""
-    from nmt.models import rnn
+    from nmt.models import rnn, transformer
 
     b = reversal_batch(random.Random(2), 6)
+    attention = "additive" if family == "rnn" else "scaled_dot"
 
-    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model = tiny_model("rnn", "additive", vocab=30, seed=5).eval()  # no dropout draws
-        with torch.autocast("cpu", torch.bfloat16):
+    def run() -> tuple[torch.Tensor, list[torch.Tensor], int]:
+        model = tiny_model(family, attention, vocab=30, seed=5).eval()  # no dropout draws
+        with torch.autocast("cpu", torch.bfloat16), CastCounter() as counter:
             logits = model(b.src, b.src_mask, b.tgt_in)
         logits.float().logsumexp(-1).mean().backward()
-        return logits, [p.grad for p in model.encoder.parameters()]
+        return logits, [p.grad.flatten() for p in model.encoder.parameters()], counter.casts
 
-    model = tiny_model("rnn", "additive", vocab=30, seed=5)
-    assert model.encode(b.src, b.src_mask)["annotations"].dtype == torch.float32
-    with torch.autocast("cpu", torch.bfloat16):
-        assert model.encode(b.src, b.src_mask)["annotations"].dtype == torch.bfloat16
-    once, once_grads = run()
-    monkeypatch.setattr(rnn, "in_autocast_dtype", lambda x: x)  # cast at every step
-    every_step, every_step_grads = run()
-    torch.testing.assert_close(once, every_step, rtol=0, atol=0)
-    for g, ref in zip(once_grads, every_step_grads):
-        assert (g - ref).norm() <= 0.01 * ref.norm()
+    if family == "rnn":
+        model = tiny_model("rnn", "additive", vocab=30, seed=5)
+        assert model.encode(b.src, b.src_mask)["annotations"].dtype == torch.float32
+        with torch.autocast("cpu", torch.bfloat16):
+            assert model.encode(b.src, b.src_mask)["annotations"].dtype == torch.bfloat16
+    once, once_grads, once_casts = run()
+    monkeypatch.setattr(rnn if family == "rnn" else transformer, "in_autocast_dtype", lambda x: x)
+    every_use, every_use_grads, every_use_casts = run()  # cast by autocast at every matmul
+    assert once_casts < every_use_casts
+    torch.testing.assert_close(once, every_use, rtol=0, atol=0)
+    # All encoder gradients as one vector: some are zero but for rounding (a key bias
+    # shifts every score of a query alike, which the softmax cancels).
+    once_grads, every_use_grads = torch.cat(once_grads), torch.cat(every_use_grads)
+    assert (once_grads - every_use_grads).norm() <= 0.01 * every_use_grads.norm()
 
 
 def test_bf16_clips_the_gradients_of_an_optimizer_that_unscales_its_own():

@@ -22,25 +22,13 @@ from nmt.attention import build_scorer
 from nmt.data.tokenizer import PAD
 from nmt.dropout import Dropout
 from nmt.errors import NMTError
+from nmt.models.autocast import in_autocast_dtype
 from nmt.models.base import Beams, beam_rows, beams_as_queries
 
 RNN_TYPES = {"gru": (nn.GRU, nn.GRUCell), "lstm": (nn.LSTM, nn.LSTMCell)}
 # "scaled": embeddings drawn from N(0, 1/E) and multiplied by sqrt(E) on the way in, as in the
 # Transformer. "unit": nn.Embedding's N(0, 1), unscaled, as before 2026-11-25 (the study's cells).
 EMBED_INITS = ("scaled", "unit")
-
-
-def in_autocast_dtype(x: Tensor) -> Tensor:
-    """``x`` in the dtype autocast runs matmuls in, where autocast is on for its device.
-
-    The encoder's GRU runs in fp32 also under autocast (CPU autocast has no rule for it), and
-    every decoder step reads its annotations in a bf16 matmul: left in fp32, they would be
-    cast at each of the T steps, and T gradients cast back in backward. Cast once, the bf16
-    RNN training step ran 1.05x faster (2-core AMD EPYC Zen 4, README, Performance). The
-    values are the same; the T gradients then sum in bf16 before their one cast back, as a
-    reused weight's do under autocast's cast cache (``precision.CachedMixedPrecision``)."""
-    device = x.device.type
-    return x.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else x
 
 
 class RNNModel(nn.Module):

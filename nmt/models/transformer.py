@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from nmt.attention import MultiHeadAttention
 from nmt.data.tokenizer import PAD
 from nmt.dropout import Dropout
+from nmt.models.autocast import in_autocast_dtype
 from nmt.models.base import Beams, beam_rows, beams_as_queries
 from nmt.models.cache import SelfAttentionCache, batch_major
 
@@ -70,7 +71,11 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """(B, S, D), mask (B, 1, S) -> (B, S, D)."""
-        x = self.res_attn(x, lambda h: self.self_attn(h, self.self_attn.project_keys(h), mask)[0])
+        def self_attend(h: Tensor) -> Tensor:
+            h = in_autocast_dtype(h)  # once for the three projections
+            return self.self_attn(h, self.self_attn.project_keys(h), mask)[0]
+
+        x = self.res_attn(x, self_attend)
         return self.res_ff(x, self.ff)
 
 
@@ -95,6 +100,7 @@ class DecoderLayer(nn.Module):
         cached = {"kv": None}
 
         def self_attend(h: Tensor) -> Tensor:
+            h = in_autocast_dtype(h)  # once for the three projections
             keys, values = self.self_attn.project_keys(h)  # (B, H, T, .)
             if cache is not None:  # incremental: the earlier positions, then this one
                 cached["kv"] = cache.extend(index, keys, values)
@@ -166,7 +172,7 @@ class TransformerModel(nn.Module):
         x = self._embed(src)
         for layer in self.encoder:
             x = layer(x, mask)
-        x = self.enc_norm(x)
+        x = in_autocast_dtype(self.enc_norm(x))  # once for the decoder layers' projections
         return {"cross": [layer.cross_attn.project_keys(x) for layer in self.decoder], "mask": mask}
 
     def init_state(self, memory: dict) -> SelfAttentionCache:
