@@ -208,8 +208,8 @@ def test_a_tensor_read_by_several_matmuls_is_cast_once_under_autocast(monkeypatc
         logits.float().logsumexp(-1).mean().backward()
         return logits, [p.grad.flatten() for p in model.encoder.parameters()], counter.casts
 
+    model = tiny_model(family, attention, vocab=30, seed=5)
     if family == "rnn":
-        model = tiny_model("rnn", "additive", vocab=30, seed=5)
         assert model.encode(b.src, b.src_mask)["annotations"].dtype == torch.float32
         with torch.autocast("cpu", torch.bfloat16):
             assert model.encode(b.src, b.src_mask)["annotations"].dtype == torch.bfloat16
@@ -218,7 +218,6 @@ def test_a_tensor_read_by_several_matmuls_is_cast_once_under_autocast(monkeypatc
     every_use, every_use_grads, every_use_casts = run()  # cast by autocast at every matmul
     if family == "transformer":  # each self-attention input is cast once, not three times,
         # and the encoder output once, not twice per decoder layer: every cast site counts
-        model = tiny_model(family, attention, vocab=30, seed=5)
         layers, decoder_layers = len(model.encoder) + len(model.decoder), len(model.decoder)
         assert every_use_casts - once_casts == 2 * layers + 2 * decoder_layers - 1
     else:
