@@ -125,21 +125,31 @@ class RNNModel(nn.Module):
         init = memory["init"]
         return (init, torch.zeros_like(init)) if self.is_lstm else init
 
+    def _hidden(self, state) -> Tensor:
+        """The decoder state s_i (B, D) (an LSTM's h, not its cell)."""
+        return state[0] if self.is_lstm else state
+
     def _step(
         self, prev_emb: Tensor, state, memory: dict[str, Tensor], need_attn: bool,
         beams: Beams | None = None,
-    ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor], Tensor | None]:
-        """One decoder step: (B, E) previous embedding -> t_i (B, E), new state, attn (B, S)."""
-        query = (state[0] if self.is_lstm else state).unsqueeze(1)  # s_{i-1}: (B, 1, D)
+    ) -> tuple[Tensor | tuple[Tensor, Tensor], Tensor, Tensor | None]:
+        """One recurrence step: (B, E) previous embedding -> new state, c_i (B, D), attn (B, S)."""
+        query = self._hidden(state).unsqueeze(1)  # s_{i-1}: (B, 1, D)
         n = memory["mask"].size(0)  # sentences, K beam slots each (see models.base)
         context, attn = self.scorer.attend(beams_as_queries(query, n, beams), memory["keys"],
                                            memory["annotations"], memory["mask"],
                                            need_weights=need_attn)  # (n, K, D), (n, K, S)
         context = beam_rows(context.flatten(0, 1), beams)  # c_i: (B, D)
         state = self.cell(torch.cat([prev_emb, context], dim=-1), state)
-        s = state[0] if self.is_lstm else state
+        return state, context, beam_rows(attn.flatten(0, 1), beams) if attn is not None else None
+
+    def _deep_output(self, s: Tensor, context: Tensor, prev_emb: Tensor) -> Tensor:
+        """t_i = tanh(W [s_i ; c_i ; y_{i-1}]): (..., D), (..., D), (..., E) -> (..., E).
+        It feeds the output layer only, not the recurrence, so teacher forcing takes it for
+        all positions at once: one large matmul instead of T small ones (1.01-1.03x faster
+        training steps, README)."""
         t = torch.tanh(self.deep_out(torch.cat([self.drop(s), context, prev_emb], dim=-1)))
-        return self.drop(t), state, beam_rows(attn.flatten(0, 1), beams) if attn is not None else None
+        return self.drop(t)
 
     def _logits(self, t: Tensor) -> Tensor:
         return F.linear(t, self.embed.weight, self.out_bias)  # tied output layer
@@ -148,13 +158,16 @@ class RNNModel(nn.Module):
         """Teacher forcing: (B, S), (B, S), (B, T) -> logits (B, T, V)."""
         memory = self.encode(src, src_mask)
         state = self.init_state(memory)
-        outputs = []
+        embedded = self.drop(self._embed(tgt_in))  # (B, T, E)
+        states, contexts = [], []
         # unbind, not embedded[:, i]: the backward of each index would fill a (B, T, E) zero
         # tensor for its one position and add it to the others (T times per step).
-        for prev_emb in self.drop(self._embed(tgt_in)).unbind(1):  # T x (B, E)
-            t, state, _ = self._step(prev_emb, state, memory, need_attn=False)
-            outputs.append(t)
-        return self._logits(torch.stack(outputs, dim=1))
+        for prev_emb in embedded.unbind(1):  # T x (B, E)
+            state, context, _ = self._step(prev_emb, state, memory, need_attn=False)
+            states.append(self._hidden(state))
+            contexts.append(context)
+        t = self._deep_output(torch.stack(states, 1), torch.stack(contexts, 1), embedded)
+        return self._logits(t)  # (B, T, V)
 
     def forward_flops(self, src: Tensor, tgt_in: Tensor) -> int:
         """Analytic forward FLOPs of ``forward`` on this padded batch (2 per multiply-add)."""
@@ -173,7 +186,9 @@ class RNNModel(nn.Module):
     def decode_step(self, prev: Tensor, state, memory, need_attn: bool = False,
                     beams: Beams | None = None):
         """(B,) previous tokens -> log-probs (B, V), new state, attention (B, S) or None."""
-        t, state, attn = self._step(self._embed(prev), state, memory, need_attn, beams)
+        prev_emb = self._embed(prev)
+        state, context, attn = self._step(prev_emb, state, memory, need_attn, beams)
+        t = self._deep_output(self._hidden(state), context, prev_emb)
         # fp32 scores, also under bf16 autocast: casting as log_softmax reads takes 0.8x the
         # time of a .float() copy first
         return torch.log_softmax(self._logits(t), dim=-1, dtype=torch.float32), state, attn
