@@ -73,7 +73,7 @@ class AdditiveScorer(Scorer):
 
     the same logits (to rounding) with torch's sigmoid in place of its tanh over the large
     tensor: on a 2-core AMD EPYC (Zen 3, fp32) the sigmoid kernel ran ~3x faster, the scorer
-    ~1.8x and the RNN's beam search 1.2x (README, Performance; training steps did not move).
+    ~1.8x and the RNN's beam search 1.2x (docs/performance.md; training steps did not move).
     The factor 2 of the sum is applied to the small W q and folded into the addition of U k,
     so the large tensor is still made in one pass.
     """
@@ -158,14 +158,14 @@ class ScaledDotScorer(DotScorer):
     Without a request for weights, long inputs and CUDA tensors go through torch's fused
     ``scaled_dot_product_attention``, which never materialises the (T, S) weights. On CPU at
     sentence lengths the explicit matmul-softmax-matmul is faster: the fused kernel's
-    backward took 3.4x as long for 120 sentences of 30 tokens in bf16 (README, Performance).
+    backward took 3.4x as long for 120 sentences of 30 tokens in bf16 (docs/performance.md).
     """
 
     FUSED_CPU_MIN_SCORES = 512 * 512  # T * S from which the (T, S) weights cost real memory
     # Every fused kernel but cuDNN's, PyTorch's first choice on Hopper GPUs: it builds a graph
     # for each new (batch, length) shape, 0.64 s each on an H100 against 0.5 ms per call
     # after, and translation batches seldom repeat a shape: the default Transformer's training
-    # step ran 5x slower with it (README, Performance).
+    # step ran 5x slower with it (docs/performance.md).
     FUSED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:

@@ -77,7 +77,7 @@ class TrainerConfig:
     log_every_n_steps: int = 50
     # The validation metric that picks best.ckpt and stops early (nmt.training.BEST_METRICS):
     # val_loss, or val_bleu (greedy; it picked checkpoints before the end of a cosine schedule
-    # that decoded worse with beam search, README)
+    # that decoded worse with beam search, docs/performance.md)
     best_metric: str = "val_loss"
     early_stopping_patience: int = 5  # validations (not epochs) without a better best_metric
     enable_progress_bar: bool = True
@@ -94,7 +94,7 @@ class DecodingConfig:
     max_len_ratio: float = 1.5  # output may be up to ratio * source length + 5 pieces
     nbest: int = 1
     # Beam search drops a hypothesis more than this many nats below its sentence's best live
-    # one (1-best only): 18-21% fewer decoder rows, test BLEU within 0.05 (README); null: all K
+    # one (1-best only): 18-21% fewer decoder rows, test BLEU within 0.05 (docs/performance.md); null: all K
     prune_margin: float | None = 3.0
     # auto: bf16 where measured faster on the decoding device (as trainer.precision: auto), else
     # fp32; or 32-true, bf16-mixed, 16-mixed

@@ -1,7 +1,7 @@
 """Inverted dropout whose CPU mask costs a fraction of torch's.
 
 torch's CPU dropout draws its mask with ``bernoulli_``, one call into the random generator per
-element: on a 2-core Xeon that was 22% of a Transformer training step (README, Performance).
+element: on a 2-core Xeon that was 22% of a Transformer training step (docs/performance.md).
 Here one call yields 64 random bits, cut into four 16-bit uniforms u in [0, 65536), one per
 element, and an element is kept where
 

@@ -244,7 +244,7 @@ class TranslationModule(L.LightningModule):
     def _fused_adam(self) -> bool:
         """Adam's fused kernel updates every parameter in one pass instead of ~10 operators
         per parameter tensor: a bf16 Transformer step ran 1.015-1.03x faster (2-core AMD EPYC
-        Zen 4, README, Performance). Not under fp16's gradient scaler: its fused step unscales the
+        Zen 4, docs/performance.md). Not under fp16's gradient scaler: its fused step unscales the
         gradients itself, after Lightning has clipped them still scaled."""
         return self.device.type in ("cpu", "cuda") and self.trainer.precision != "16-mixed"
 
@@ -349,7 +349,7 @@ class DropoutForBudget(L.Callback):
 
     How much dropout pays depends on how long the model trains: the default Transformer on
     Multi30k was still underfitting at 4-10 epochs, where dropout 0.1 beat 0.2, and overfit
-    with 0.1 by 14-16, where 0.2 won by 1.7 BLEU (README, Performance). A time budget buys
+    with 0.1 by 14-16, where 0.2 won by 1.7 BLEU (docs/performance.md). A time budget buys
     more epochs on a faster machine, so no one value suits every machine. This callback
     trains the first epoch with the model's dropout, then reads the budget's end
     (``budget_horizon``: max_steps, max_epochs, or max_time at the speed of that epoch) and,

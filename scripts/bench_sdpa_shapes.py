@@ -6,7 +6,7 @@ without the cuDNN backend: the measurement behind ``ScaledDotScorer.FUSED_BACKEN
 Each of 12 shapes near a translation batch's (B ~ 130 sentences, 4 heads of 64, T ~ S ~ 25)
 runs forward + backward in bf16 with a key-padding mask, once new and once again. On an
 NVIDIA H100 (torch 2.11): cuDNN 643 ms for a new shape, 0.52 ms again; without it 2.8 and
-0.45 ms (README, Performance).
+0.45 ms (docs/performance.md).
 """
 
 from __future__ import annotations

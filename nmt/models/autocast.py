@@ -20,7 +20,7 @@ def in_autocast_dtype(x: Tensor) -> Tensor:
     GRU runs in fp32 also under autocast, which has no rule for it): cast once instead of at
     each of the T steps, the bf16 RNN training step ran 1.05x faster; the Transformer's
     attention inputs, read by three projections (self-attention) or, for the encoder output,
-    by two in each decoder layer: 1.01x (2-core AMD EPYC Zen 4, README, Performance). The
+    by two in each decoder layer: 1.01x (2-core AMD EPYC Zen 4, docs/performance.md). The
     values are the same; the gradients of the uses then sum in bf16 before their one cast
     back, as a reused weight's do under autocast's cast cache."""
     device = x.device.type
