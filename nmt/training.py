@@ -243,7 +243,7 @@ class TranslationModule(L.LightningModule):
 
     def _fused_adam(self) -> bool:
         """Adam's fused kernel updates every parameter in one pass instead of ~10 operators
-        per parameter tensor: a bf16 Transformer step ran 1.015-1.03x faster (2-core AMD EPYC
+        per parameter tensor: a bf16 Transformer step ran 1.015x faster (2-core AMD EPYC
         Zen 4, docs/performance.md). Not under fp16's gradient scaler: its fused step unscales the
         gradients itself, after Lightning has clipped them still scaled."""
         return self.device.type in ("cpu", "cuda") and self.trainer.precision != "16-mixed"
