@@ -111,7 +111,7 @@ class RNNModel(nn.Module):
         out, final = self.encoder(packed)
         annotations, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
         annotations = in_autocast_dtype(annotations)
-        final = final[0] if self.is_lstm else final  # (2 * layers, B, D/2)
+        final = self._hidden(final)  # (2 * layers, B, D/2)
         # s_0 = tanh(W [->h_S ; <-h_1]) from the top layer's two directions.
         init = torch.tanh(self.bridge(torch.cat([final[-2], final[-1]], dim=-1)))  # (B, D)
         return {
@@ -126,7 +126,7 @@ class RNNModel(nn.Module):
         return (init, torch.zeros_like(init)) if self.is_lstm else init
 
     def _hidden(self, state) -> Tensor:
-        """The decoder state s_i (B, D) (an LSTM's h, not its cell)."""
+        """The hidden part of a GRU's or LSTM's state: h, not an LSTM's cell (e.g. s_i (B, D))."""
         return state[0] if self.is_lstm else state
 
     def _step(
