@@ -25,13 +25,10 @@ from unittest import mock
 
 import torch
 import torch.nn.functional as F
-from bench_additive_sigmoid import tanh_score
+from stock_pieces import use_stock_pieces
 
-import nmt.attention
-import nmt.dropout
 import nmt.models.rnn
 from nmt.allocator import keep_freed_memory
-from nmt.attention import AdditiveScorer, ScaledDotScorer
 from nmt.config import load_config
 from nmt.data.batching import TokenBatchSampler, collate
 from nmt.data.module import prepare_data, split_dataset
@@ -54,17 +51,12 @@ class Variant:
     cast_per_step: bool = False  # the RNN's annotations cast at every decoder step, not once
 
 
-def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    return F.dropout(x, p, training)
-
-
 def seconds_per_step(variant: Variant, auto_bf16: bool, model_cfg: dict, vocab: int, batches,
                      smoothing) -> float:
     bf16 = auto_bf16 != variant.other_precision
     torch.manual_seed(0)
     model = build_model({**model_cfg, **variant.model_overrides}, vocab)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=not variant.unfused_adam)
-    fused_from = 0 if variant.fused_attention_everywhere else ScaledDotScorer.FUSED_CPU_MIN_SCORES
 
     def step(batch):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -81,12 +73,8 @@ def seconds_per_step(variant: Variant, auto_bf16: bool, model_cfg: dict, vocab: 
         optimizer.step()
 
     with ExitStack() as patches:
-        patches.enter_context(mock.patch.object(ScaledDotScorer, "FUSED_CPU_MIN_SCORES", fused_from))
-        if variant.torch_dropout:
-            patches.enter_context(mock.patch.object(nmt.dropout, "dropout", torch_dropout))
-            patches.enter_context(mock.patch.object(nmt.attention, "apply_dropout", torch_dropout))
-        if variant.tanh_additive:
-            patches.enter_context(mock.patch.object(AdditiveScorer, "score", tanh_score))
+        use_stock_pieces(patches, variant.torch_dropout, variant.fused_attention_everywhere,
+                         variant.tanh_additive)
         if variant.cast_per_step:
             patches.enter_context(mock.patch.object(nmt.models.rnn, "in_autocast_dtype", lambda x: x))
         step(batches[0])  # warm-up

@@ -10,8 +10,11 @@ on), Adam with the config's learning rate and schedule, torch's label-smoothed c
 gradient clipping; fp32 eager PyTorch, no autocast, glibc's default allocator. "Ours" is
 ``nmt bench train`` itself (Lightning, ``precision: auto``, the allocator setting of the
 ``nmt`` command). Both report target tokens/s over the same timed steps. ``--with-levers``
-adds a third loop, the plain loop given ours' allocator setting and precision: what is left
-between it and ours is what Lightning and our training module cost or save.
+adds a loop, the plain loop given ours' allocator setting and precision: what is left
+between it and ours is what Lightning and our training module cost or save. ``--stock`` adds
+the plain loop as a user would write it with PyTorch's building blocks: the same model and
+math, but torch's dropout, the fused attention kernel and the additive scorer's tanh where the
+model has its own faster implementations (``scripts/stock_pieces.py``).
 
 The allocator setting cannot be undone inside a process, so every measurement runs in a
 fresh child process; the rounds alternate plain and ours so that a machine whose load
@@ -25,9 +28,11 @@ import json
 import multiprocessing
 import statistics
 import time
+from contextlib import ExitStack
 
 import torch
 import torch.nn.functional as F
+from stock_pieces import use_stock_pieces
 
 from nmt.config import Config, load_config
 from nmt.data.batching import Batch, TokenBatchSampler
@@ -48,10 +53,21 @@ def first_batches(config: Config, count: int) -> tuple[list[Batch], int]:
     return [train.__getitems__(r) for r in rows], len(data.tokenizer)
 
 
-def plain_loop(config_path: str, steps: int, warmup: int, levers: bool = False) -> dict:
+def plain_loop(config_path: str, steps: int, warmup: int, levers: bool = False,
+               stock: bool = False) -> dict:
     """Target tokens/s of a plain eager training loop (runs in a fresh process): fp32, or
-    with ``levers`` the allocator setting and the precision ``auto`` picks."""
-    config = load_config(config_path)
+    with ``levers`` the allocator setting and the precision ``auto`` picks; with ``stock``
+    PyTorch's dropout and attention kernel, and tanh, for the model's own pieces."""
+    with ExitStack() as patches:
+        if stock:
+            use_stock_pieces(patches)
+        tok_per_s, precision = _time_plain_loop(load_config(config_path), steps, warmup, levers)
+    name = "plain (stock)" if stock else "plain+levers" if levers else "plain"
+    return {"loop": name, "tgt_tok_per_s": tok_per_s, "precision": precision}
+
+
+def _time_plain_loop(config: Config, steps: int, warmup: int, levers: bool) -> tuple[float, str]:
+    """Target tokens/s of the timed steps, and the precision they ran in."""
     precision, dtype = "32-true", None
     if levers:
         from nmt.allocator import keep_freed_memory
@@ -97,8 +113,7 @@ def plain_loop(config_path: str, steps: int, warmup: int, levers: bool = False) 
         if number >= warmup:
             seconds += time.perf_counter() - start
             tokens += int((tgt_out != PAD).sum())
-    return {"loop": "plain+levers" if levers else "plain",
-            "tgt_tok_per_s": round(tokens / seconds, 1), "precision": precision}
+    return round(tokens / seconds, 1), precision
 
 
 def ours(config_path: str, steps: int, warmup: int) -> dict:
@@ -120,8 +135,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="plain/ours pairs per config")
     parser.add_argument("--with-levers", action="store_true",
                         help="also time the plain loop with ours' allocator and precision")
+    parser.add_argument("--stock", action="store_true",
+                        help="also time the plain loop with PyTorch's stock pieces")
     args = parser.parse_args()
     loops = {"plain": (plain_loop, ())}  # name: (function, extra arguments), in run order
+    if args.stock:
+        loops["plain (stock)"] = (plain_loop, (False, True))
     if args.with_levers:
         loops["plain+levers"] = (plain_loop, (True,))
     loops["ours"] = (ours, ())
@@ -140,16 +159,19 @@ def main() -> None:
         for name in loops:
             row[f"{name}_tgt_tok_per_s"] = round(
                 statistics.median(r["tgt_tok_per_s"] for r in runs[name]), 1)
-        row["speedup"] = round(row["ours_tgt_tok_per_s"] / row["plain_tgt_tok_per_s"], 2)
+        others = [name for name in loops if name != "ours"]
+        row["speedup"] = {name: round(row["ours_tgt_tok_per_s"] / row[f"{name}_tgt_tok_per_s"], 2)
+                          for name in others}  # ours / each other loop
         row.update(ours_precision=runs["ours"][0]["precision"], rounds=args.rounds,
                    steps=args.steps, threads=torch.get_num_threads())
         summary.append(row)
-    print("| config | " + " | ".join(f"{name} tgt tok/s" for name in loops)
-          + " | ours / plain | ours precision |")
-    print("|---" * (len(loops) + 3) + "|")
+    print("| config | " + " | ".join(f"{name} tgt tok/s" for name in loops) + " | "
+          + " | ".join(f"ours / {name}" for name in others) + " | ours precision |")
+    print("|---" * (2 * len(loops) + 1) + "|")
     for row in summary:
         speeds = " | ".join(str(row[f"{name}_tgt_tok_per_s"]) for name in loops)
-        print(f"| {row['config']} | {speeds} | {row['speedup']}x | {row['ours_precision']} |")
+        ratios = " | ".join(f"{ratio}x" for ratio in row["speedup"].values())
+        print(f"| {row['config']} | {speeds} | {ratios} | {row['ours_precision']} |")
     print(json.dumps(summary))
 
 
