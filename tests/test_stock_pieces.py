@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nmt.attention import AdditiveScorer
 from tests.conftest import REPO, reversal_batch, tiny_model
 
 
@@ -30,7 +31,9 @@ def test_stock_pieces_compute_the_same_function(stock, family, attention):
         own = model(batch.src, batch.src_mask, batch.tgt_in)
         with ExitStack() as patches:
             stock(patches)
+            assert AdditiveScorer.score.__name__ == "tanh_score"  # the swap is in place
             stock_logits = model(batch.src, batch.src_mask, batch.tgt_in)
+    assert AdditiveScorer.score.__name__ == "score"  # and undone with the stack
     torch.testing.assert_close(stock_logits, own, atol=1e-5, rtol=1e-5)
 
 
