@@ -1,7 +1,7 @@
 """A plain PyTorch training loop of the same model on the same batches, against ours.
 
     python scripts/bench_plain_loop.py configs/transformer.yaml configs/rnn_bahdanau.yaml \
-        [--steps 20] [--warmup 3] [--rounds 2] [--with-levers]
+        [--steps 20] [--warmup 3] [--rounds 2] [--with-levers] [--stock]
 
 The plain loop is what a user would write with this project's model but none of its levers:
 the model built by ``nmt.models.build_model`` from the config, the first batches of the
