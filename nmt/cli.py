@@ -201,7 +201,7 @@ def eval_file_stem(args: argparse.Namespace, beam: int, prune_margin: float | No
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from nmt.data.corpus import load_corpus
     from nmt.metrics import score_corpus
-    from nmt.translator import decoding_options
+    from nmt.translator import decoding_options, find_checkpoint
 
     translator = open_translator(args)
     corpus = load_corpus(translator.config.data)
@@ -214,7 +214,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     scores.update(split=args.split, beam=beam, alpha=alpha)
     if args.engine == "torch":
         scores.update(precision=translator.precision.precision,
-                      prune_margin=translator.config.decoding.prune_margin)
+                      prune_margin=translator.config.decoding.prune_margin,
+                      weights=find_checkpoint(Path(args.checkpoint), args.weights).name)
     out = Path(args.checkpoint) / "eval"
     name = eval_file_stem(args, beam, translator.config.decoding.prune_margin)
     write_atomic(out / f"{name}.hyp", "".join(h + "\n" for h in hyps))
@@ -334,8 +335,8 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
         p.add_argument("--engine", default="torch",
                        help="torch | ctranslate2 (--checkpoint: a folder from nmt export)")
-        p.add_argument("--weights", help="checkpoint file in the run directory (or a path) "
-                                         "instead of best.ckpt, e.g. averaged.ckpt")
+        p.add_argument("--weights", help="checkpoint file in the run directory (or a path), e.g. "
+                                         "best.ckpt (default: the one training chose)")
         p.add_argument("--precision", choices=DECODING_PRECISIONS,
                        help="decoding precision (default: the run's decoding.precision, auto)")
     translate = sub.choices["translate"]
@@ -360,8 +361,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--beam", type=int, default=5, help="beam size when a request names none")
     serve.add_argument("--engine", default="torch", help="torch | ctranslate2")
     serve.add_argument("--max-batch", type=int, default=32, help="requests decoded together")
-    serve.add_argument("--weights", help="checkpoint file in each run directory instead of "
-                                         "best.ckpt, e.g. averaged.ckpt")
+    serve.add_argument("--weights", help="checkpoint file in each run directory (default: the "
+                                         "one training chose)")
     serve.add_argument("--precision", choices=DECODING_PRECISIONS,
                        help="decoding precision (default: each run's decoding.precision, auto)")
 

@@ -79,7 +79,8 @@ class TrainerConfig:
     # val_loss, or val_bleu (greedy; it picked checkpoints before the end of a cosine schedule
     # that decoded worse with beam search, docs/performance.md)
     best_metric: str = "val_loss"
-    early_stopping_patience: int = 5  # validations (not epochs) without a better best_metric
+    # Stop after this many validations (not epochs) without a better best_metric; 0: never
+    early_stopping_patience: int = 5
     enable_progress_bar: bool = True
     keep_last_checkpoints: int = 0  # > 0: keep the last N validation checkpoints for nmt average
 

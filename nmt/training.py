@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, Timer, W
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from nmt.average import keep_last_callback
+from nmt.average import final_weights, keep_last_callback
 from nmt.config import Config, DecodingConfig, OptimConfig, run_dir_of, save_config, to_dict
 from nmt.data.batching import Batch
 from nmt.data.module import TranslationDataModule, prepare_data
@@ -399,10 +399,12 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         # Lightning's save_last only writes when "best" does; this one writes every validation.
         ModelCheckpoint(dirpath=run_dir, filename="last", enable_version_counter=False,
                         save_on_train_epoch_end=False),
-        EarlyStopping(monitor=metric, mode=BEST_METRICS[metric], patience=t.early_stopping_patience,
-                      check_on_train_epoch_end=False),
         StopAtStepBudget(),
     ]
+    if t.early_stopping_patience > 0:
+        callbacks.append(EarlyStopping(monitor=metric, mode=BEST_METRICS[metric],
+                                       patience=t.early_stopping_patience,
+                                       check_on_train_epoch_end=False))
     if config.optim.ema_decay > 0:
         callbacks.append(WeightEMA(config.optim.ema_decay))
     if t.keep_last_checkpoints > 0:
@@ -450,6 +452,11 @@ def train(config: Config) -> Path:
     if config.trainer.best_metric not in BEST_METRICS:
         raise NMTError(f"unknown trainer.best_metric '{config.trainer.best_metric}'; choose one "
                        f"of: {', '.join(BEST_METRICS)}")
+    if not config.optim.lr > 0:
+        raise NMTError(f"optim.lr must be above 0, got {config.optim.lr}")
+    if config.trainer.early_stopping_patience < 0:
+        raise NMTError(f"trainer.early_stopping_patience {config.trainer.early_stopping_patience}: "
+                       "give the validations to wait, or 0 to train to the end of the budget")
     if config.optim.schedule == "cosine" and config.trainer.max_steps <= 0 \
             and config.trainer.max_epochs <= 0 and config.trainer.max_time is None:
         raise NMTError("schedule cosine decays to the end of the budget: set trainer.max_steps, "
@@ -491,7 +498,9 @@ def train(config: Config) -> Path:
                 best = score
         trainer.save_checkpoint(run_dir / "last.ckpt")
     if trainer.is_global_zero:
-        write_train_stats(run_dir, module, trainer, metric, best)
+        weights, why = final_weights(run_dir)
+        print(f"translate and evaluate use {weights}: {why}", flush=True)
+        write_train_stats(run_dir, module, trainer, metric, best, weights)
     return run_dir
 
 
@@ -512,8 +521,9 @@ def print_effective_batch(config: Config, trainer: L.Trainer) -> None:
 
 
 def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Trainer,
-                      metric: str, best: float | None) -> None:
-    """train_stats.json: the run's totals (all resumed segments), read by ``compare``."""
+                      metric: str, best: float | None, weights: str) -> None:
+    """train_stats.json: the run's totals (all resumed segments), read by ``compare``, and the
+    weights file that translate and evaluate take by default (``final_weights``)."""
     last = torch.load(run_dir / "last.ckpt", map_location="cpu", weights_only=False)
     totals = last["nmt_totals"]
     stats = {
@@ -528,5 +538,6 @@ def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Train
         f"best_{metric}": round(best, 4) if best is not None else None,  # best.ckpt's
         "world_size": trainer.world_size,
         "segments": last.get("nmt_segments", []),
+        "final_weights": weights,
     }
     write_atomic(run_dir / "train_stats.json", json.dumps(stats, indent=2) + "\n")

@@ -7,6 +7,7 @@ with a warning on stderr.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,15 +75,25 @@ def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None
 
 def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
     """``weights`` (a file, relative to the run directory or absolute, e.g. averaged.ckpt
-    from ``nmt average``) if given, else best.ckpt, else last.ckpt."""
+    from ``nmt average``) if given, else the run's final weights (train_stats.json, see
+    ``nmt.average.final_weights``), else best.ckpt, else last.ckpt."""
     if weights is not None:
         if not (run_dir / weights).is_file():
             raise NMTError(f"weights file not found: {run_dir / weights}")
         return run_dir / weights
-    for name in ("best.ckpt", "last.ckpt"):
-        if (run_dir / name).is_file():
+    for name in (final_weights_of(run_dir), "best.ckpt", "last.ckpt"):
+        if name and (run_dir / name).is_file():
             return run_dir / name
     raise NMTError(f"no best.ckpt or last.ckpt in {run_dir}: is it a training run directory?")
+
+
+def final_weights_of(run_dir: Path) -> str | None:
+    """The weights file training named in train_stats.json (None: an older or unfinished run)."""
+    try:
+        stats = json.loads((run_dir / "train_stats.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return stats.get("final_weights") if isinstance(stats, dict) else None
 
 
 class Translator:

@@ -3,12 +3,15 @@ translate / evaluate using the averaged weights."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from nmt.average import average_run, step_checkpoints
+from nmt.average import average_run, final_weights, step_checkpoints
 from nmt.cli import main
 from nmt.errors import NMTError
+from nmt.translator import find_checkpoint
 
 from .conftest import tiny_train_args, write_corpus
 
@@ -69,3 +72,50 @@ def test_average_of_a_run_without_kept_checkpoints_is_a_one_line_error(tmp_path,
     assert main(["average", "--checkpoint", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "keep_last_checkpoints" in err
+
+
+@pytest.mark.parametrize("best_step, chosen", [(50, "averaged.ckpt"), (90, "best.ckpt")])
+def test_final_weights_average_the_kept_checkpoints_when_best_is_older_than_all(
+        tmp_path, best_step, chosen):
+    a, b = {"model.w": torch.randn(3)}, {"model.w": torch.randn(3)}
+    _save(tmp_path / "steps" / "step90.ckpt", a)
+    _save(tmp_path / "steps" / "step100.ckpt", b)
+    torch.save({"state_dict": a, "global_step": best_step}, tmp_path / "best.ckpt")
+    weights, why = final_weights(tmp_path)
+    assert weights == chosen and f"best.ckpt (update {best_step})" in why
+    assert (tmp_path / "averaged.ckpt").is_file() == (chosen == "averaged.ckpt")
+    if chosen == "averaged.ckpt":
+        averaged = torch.load(tmp_path / "averaged.ckpt")["state_dict"]["model.w"]
+        torch.testing.assert_close(averaged, (a["model.w"] + b["model.w"]) / 2)
+
+
+def test_final_weights_without_kept_checkpoints_are_best(tmp_path):
+    torch.save({"state_dict": {}, "global_step": 5}, tmp_path / "best.ckpt")
+    assert final_weights(tmp_path)[0] == "best.ckpt"
+    assert not (tmp_path / "averaged.ckpt").exists()
+
+
+def test_translation_takes_the_weights_training_chose_unless_told(tmp_path):
+    for name in ("best.ckpt", "last.ckpt", "averaged.ckpt"):
+        (tmp_path / name).write_bytes(b"")
+    assert find_checkpoint(tmp_path) == tmp_path / "best.ckpt"  # a run from before the choice
+    (tmp_path / "train_stats.json").write_text(json.dumps({"final_weights": "averaged.ckpt"}))
+    assert find_checkpoint(tmp_path) == tmp_path / "averaged.ckpt"
+    assert find_checkpoint(tmp_path, "last.ckpt") == tmp_path / "last.ckpt"
+    (tmp_path / "averaged.ckpt").unlink()  # deleted since: the next one
+    assert find_checkpoint(tmp_path) == tmp_path / "best.ckpt"
+
+
+def test_a_run_past_its_best_validation_ends_with_averaged_weights(tmp_path, capsys):
+    """At a learning rate of 1e-12 the validation BLEU never changes, so the first validation
+    stays the best and best.ckpt is older than the last 2 checkpoints of 4 epochs: training
+    averages them and evaluate takes them."""
+    files = write_corpus(tmp_path)
+    run = tmp_path / "run"
+    assert main([*tiny_train_args(files, run, tmp_path / "data", epochs=4), "optim.lr=1e-12",
+                 "trainer.best_metric=val_bleu", "trainer.keep_last_checkpoints=2",
+                 "trainer.early_stopping_patience=0"]) == 0
+    assert "translate and evaluate use averaged.ckpt: best.ckpt (update" in capsys.readouterr().out
+    assert json.loads((run / "train_stats.json").read_text())["final_weights"] == "averaged.ckpt"
+    assert main(["evaluate", "--checkpoint", str(run), "--beam", "1"]) == 0
+    assert json.loads((run / "eval" / "test.beam1.json").read_text())["weights"] == "averaged.ckpt"

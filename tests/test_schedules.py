@@ -1,5 +1,6 @@
 """Learning-rate schedules as functions of the step, and dropout by the budget's epochs."""
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -127,3 +128,26 @@ def test_a_long_run_dropout_outside_0_1_is_an_error(tmp_path, capsys):
     args = [*tiny_train_args(files, tmp_path / "run", tmp_path / "data"), "optim.long_run_dropout=1.5"]
     assert main(args) != 0
     assert "optim.long_run_dropout 1.5 needs a value in [0, 1)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("patience, epochs", [(1, 2), (0, 4)])
+def test_early_stopping_waits_its_patience_and_0_trains_to_the_budget(tmp_path, patience, epochs):
+    """At a learning rate of 1e-12 the translations, and so the validation BLEU, never change:
+    patience 1 stops after the second validation, 0 (off) trains all 4 epochs of the budget."""
+    files = write_corpus(tmp_path)
+    run = tmp_path / "run"
+    assert main([*tiny_train_args(files, run, tmp_path / "data", epochs=4), "optim.lr=1e-12",
+                 "trainer.best_metric=val_bleu", f"trainer.early_stopping_patience={patience}"]) == 0
+    assert json.loads((run / "train_stats.json").read_text())["epochs"] == epochs
+
+
+@pytest.mark.parametrize("option, message", [
+    ("trainer.early_stopping_patience=-1",
+     "trainer.early_stopping_patience -1: give the validations to wait, or 0"),
+    ("optim.lr=0", "optim.lr must be above 0, got 0"),
+])
+def test_a_negative_patience_or_no_learning_rate_is_an_error(tmp_path, capsys, option, message):
+    files = write_corpus(tmp_path)
+    assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data"), option]) != 0
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
