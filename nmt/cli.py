@@ -198,10 +198,19 @@ def eval_file_stem(args: argparse.Namespace, beam: int, prune_margin: float | No
     return ".".join(parts)
 
 
+def weights_name(run_dir: Path, weights: str | None) -> str:
+    """The weights file evaluate decoded with: relative to the run directory where inside it."""
+    from nmt.translator import find_checkpoint
+
+    path = find_checkpoint(run_dir, weights).resolve()
+    return str(path.relative_to(run_dir.resolve())) if path.is_relative_to(run_dir.resolve()) \
+        else str(path)
+
+
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from nmt.data.corpus import load_corpus
     from nmt.metrics import score_corpus
-    from nmt.translator import decoding_options, find_checkpoint
+    from nmt.translator import decoding_options
 
     translator = open_translator(args)
     corpus = load_corpus(translator.config.data)
@@ -215,7 +224,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     if args.engine == "torch":
         scores.update(precision=translator.precision.precision,
                       prune_margin=translator.config.decoding.prune_margin,
-                      weights=find_checkpoint(Path(args.checkpoint), args.weights).name)
+                      weights=weights_name(Path(args.checkpoint), args.weights))
     out = Path(args.checkpoint) / "eval"
     name = eval_file_stem(args, beam, translator.config.decoding.prune_margin)
     write_atomic(out / f"{name}.hyp", "".join(h + "\n" for h in hyps))

@@ -88,12 +88,17 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
 
 
 def final_weights_of(run_dir: Path) -> str | None:
-    """The weights file training named in train_stats.json (None: an older or unfinished run)."""
+    """The weights file training named in train_stats.json; None for a run from before that
+    choice, and for one resumed since (its last.ckpt is newer), whose choice is not made yet."""
+    stats_file, last = run_dir / "train_stats.json", run_dir / "last.ckpt"
     try:
-        stats = json.loads((run_dir / "train_stats.json").read_text())
+        stats = json.loads(stats_file.read_text())
+        if last.is_file() and last.stat().st_mtime_ns > stats_file.stat().st_mtime_ns:
+            return None
     except (OSError, ValueError):
         return None
-    return stats.get("final_weights") if isinstance(stats, dict) else None
+    weights = stats.get("final_weights") if isinstance(stats, dict) else None
+    return weights if isinstance(weights, str) else None
 
 
 class Translator:
@@ -109,8 +114,8 @@ class Translator:
     def from_run_dir(cls, run_dir: str | Path, device: str | None = None,
                      weights: str | Path | None = None, precision: str | None = None,
                      sentences: int | None = None) -> Translator:
-        """Model, tokenizer and config from ``run_dir``; weights from ``weights`` if given
-        (see ``find_checkpoint``), else best.ckpt, else last.ckpt."""
+        """Model, tokenizer and config from ``run_dir``; weights from ``weights`` if given, else
+        the run's final weights (see ``find_checkpoint``)."""
         run_dir = Path(run_dir)
         if not run_dir.is_dir():
             raise NMTError(f"checkpoint directory not found: {run_dir}")

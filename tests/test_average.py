@@ -4,6 +4,7 @@ translate / evaluate using the averaged weights."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -74,34 +75,47 @@ def test_average_of_a_run_without_kept_checkpoints_is_a_one_line_error(tmp_path,
     assert len(err.splitlines()) == 1 and "keep_last_checkpoints" in err
 
 
-@pytest.mark.parametrize("best_step, chosen", [(50, "averaged.ckpt"), (90, "best.ckpt")])
+@pytest.mark.parametrize("best_step, keep, chosen, averaged", [
+    (50, 2, "averaged.ckpt", "ab"), (90, 2, "best.ckpt", ""),
+    (95, 1, "averaged.ckpt", "b"),  # only the last `keep`: a run resumed with fewer kept
+    (50, 0, "best.ckpt", ""),  # resumed with none kept: the files in steps/ are stale
+])
 def test_final_weights_average_the_kept_checkpoints_when_best_is_older_than_all(
-        tmp_path, best_step, chosen):
-    a, b = {"model.w": torch.randn(3)}, {"model.w": torch.randn(3)}
-    _save(tmp_path / "steps" / "step90.ckpt", a)
-    _save(tmp_path / "steps" / "step100.ckpt", b)
-    torch.save({"state_dict": a, "global_step": best_step}, tmp_path / "best.ckpt")
-    weights, why = final_weights(tmp_path)
-    assert weights == chosen and f"best.ckpt (update {best_step})" in why
-    assert (tmp_path / "averaged.ckpt").is_file() == (chosen == "averaged.ckpt")
-    if chosen == "averaged.ckpt":
-        averaged = torch.load(tmp_path / "averaged.ckpt")["state_dict"]["model.w"]
-        torch.testing.assert_close(averaged, (a["model.w"] + b["model.w"]) / 2)
+        tmp_path, best_step, keep, chosen, averaged):
+    states = {"a": {"model.w": torch.randn(3)}, "b": {"model.w": torch.randn(3)}}
+    _save(tmp_path / "steps" / "step90.ckpt", states["a"])
+    _save(tmp_path / "steps" / "step100.ckpt", states["b"])
+    torch.save({"state_dict": states["a"], "global_step": best_step}, tmp_path / "best.ckpt")
+    weights, why = final_weights(tmp_path, keep)
+    assert weights == chosen and (keep == 0 or f"best.ckpt (update {best_step})" in why)
+    assert (tmp_path / "averaged.ckpt").is_file() == bool(averaged)
+    if averaged:
+        mean = sum(states[k]["model.w"] for k in averaged) / len(averaged)
+        torch.testing.assert_close(torch.load(tmp_path / "averaged.ckpt")["state_dict"]["model.w"],
+                                   mean)
 
 
-def test_final_weights_without_kept_checkpoints_are_best(tmp_path):
+def test_final_weights_without_kept_checkpoints_or_best(tmp_path):
     torch.save({"state_dict": {}, "global_step": 5}, tmp_path / "best.ckpt")
-    assert final_weights(tmp_path)[0] == "best.ckpt"
+    assert final_weights(tmp_path, 5)[0] == "best.ckpt"
     assert not (tmp_path / "averaged.ckpt").exists()
+    (tmp_path / "best.ckpt").unlink()
+    assert final_weights(tmp_path, 5) == ("last.ckpt", "no validation wrote a best.ckpt")
 
 
 def test_translation_takes_the_weights_training_chose_unless_told(tmp_path):
     for name in ("best.ckpt", "last.ckpt", "averaged.ckpt"):
         (tmp_path / name).write_bytes(b"")
     assert find_checkpoint(tmp_path) == tmp_path / "best.ckpt"  # a run from before the choice
-    (tmp_path / "train_stats.json").write_text(json.dumps({"final_weights": "averaged.ckpt"}))
+    stats = tmp_path / "train_stats.json"
+    stats.write_text(json.dumps({"final_weights": "averaged.ckpt"}))
     assert find_checkpoint(tmp_path) == tmp_path / "averaged.ckpt"
     assert find_checkpoint(tmp_path, "last.ckpt") == tmp_path / "last.ckpt"
+    later = stats.stat().st_mtime_ns + 1_000_000_000
+    os.utime(tmp_path / "last.ckpt", ns=(later, later))  # resumed since: no choice yet
+    assert find_checkpoint(tmp_path) == tmp_path / "best.ckpt"
+    os.utime(stats, ns=(later + 1, later + 1))  # finished again
+    assert find_checkpoint(tmp_path) == tmp_path / "averaged.ckpt"
     (tmp_path / "averaged.ckpt").unlink()  # deleted since: the next one
     assert find_checkpoint(tmp_path) == tmp_path / "best.ckpt"
 
