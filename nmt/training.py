@@ -483,6 +483,8 @@ def train(config: Config) -> Path:
     trainer = build_trainer(config, run_dir)
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     print_effective_batch(config, trainer)
+    if trainer.is_global_zero:
+        forget_final_weights(run_dir)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     metric = config.trainer.best_metric  # what best.ckpt's callback monitored
     best = trainer.checkpoint_callback.best_model_score
@@ -521,6 +523,18 @@ def print_effective_batch(config: Config, trainer: L.Trainer) -> None:
               f"{trainer.num_nodes} nodes) x {tokens} tokens x {t.accumulate_grad_batches} "
               f"accumulated = {total} padded tokens per optimizer step (lr {config.optim.lr})",
               flush=True)
+
+
+def forget_final_weights(run_dir: Path) -> None:
+    """Drop a resumed run's earlier choice of weights from train_stats.json: until it ends and
+    chooses again, translation takes best.ckpt (steps/ and averaged.ckpt may be stale)."""
+    stats_file = run_dir / "train_stats.json"
+    try:
+        stats = json.loads(stats_file.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: rewritten at the end
+        return
+    if isinstance(stats, dict) and stats.pop("final_weights", None) is not None:
+        write_atomic(stats_file, json.dumps(stats, indent=2) + "\n")
 
 
 def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Trainer,

@@ -89,12 +89,9 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
 
 def final_weights_of(run_dir: Path) -> str | None:
     """The weights file training named in train_stats.json; None for a run from before that
-    choice, and for one resumed since (its last.ckpt is newer), whose choice is not made yet."""
-    stats_file, last = run_dir / "train_stats.json", run_dir / "last.ckpt"
+    choice, and for one resumed since (training drops the choice when it resumes)."""
     try:
-        stats = json.loads(stats_file.read_text())
-        if last.is_file() and last.stat().st_mtime_ns > stats_file.stat().st_mtime_ns:
-            return None
+        stats = json.loads((run_dir / "train_stats.json").read_text())
     except (OSError, ValueError):
         return None
     weights = stats.get("final_weights") if isinstance(stats, dict) else None
