@@ -51,12 +51,15 @@ def final_weights(run_dir: str | Path, keep: int) -> tuple[str, str]:
     kept = step_checkpoints(run_dir)[-keep:] if keep > 0 else []
     if not kept:
         return "best.ckpt", "no checkpoints kept for averaging"
-    best_step = _load(best)["global_step"]
     first, last = step_of(kept[0]), step_of(kept[-1])
     span = f"the {len(kept)} checkpoints kept (updates {first:,}-{last:,})"
-    if best_step >= first:
-        return "best.ckpt", f"best.ckpt (update {best_step:,}) is not older than {span}"
-    average_run(run_dir, last=keep)
+    try:  # a damaged checkpoint must not fail the finished run
+        best_step = _load(best)["global_step"]
+        if best_step >= first:
+            return "best.ckpt", f"best.ckpt (update {best_step:,}) is not older than {span}"
+        average_run(run_dir, last=keep)
+    except NMTError as err:
+        return "best.ckpt", f"averaging failed: {err}"
     return "averaged.ckpt", f"best.ckpt (update {best_step:,}) is older than {span}: their average"
 
 

@@ -500,10 +500,7 @@ def train(config: Config) -> Path:
                 best = score
         trainer.save_checkpoint(run_dir / "last.ckpt")
     if trainer.is_global_zero:
-        try:
-            weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
-        except NMTError as err:  # a damaged kept checkpoint must not lose the finished run
-            weights, why = "best.ckpt", f"averaging failed: {err}"
+        weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
         print(f"translate and evaluate use {weights}: {why}", flush=True)
         write_train_stats(run_dir, module, trainer, metric, best, weights)
     return run_dir

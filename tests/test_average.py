@@ -103,6 +103,15 @@ def test_final_weights_without_kept_checkpoints_or_best(tmp_path):
     assert final_weights(tmp_path, 5) == ("last.ckpt", "no validation wrote a best.ckpt")
 
 
+def test_a_damaged_kept_checkpoint_leaves_best(tmp_path):
+    _save(tmp_path / "steps" / "step90.ckpt", {"model.w": torch.randn(3)})
+    (tmp_path / "steps" / "step100.ckpt").write_bytes(b"not a checkpoint")
+    torch.save({"state_dict": {}, "global_step": 50}, tmp_path / "best.ckpt")
+    weights, why = final_weights(tmp_path, 2)
+    assert weights == "best.ckpt" and why.startswith("averaging failed: cannot load")
+    assert not (tmp_path / "averaged.ckpt").exists()
+
+
 def test_translation_takes_the_weights_training_chose_unless_told(tmp_path):
     for name in ("best.ckpt", "last.ckpt", "averaged.ckpt"):
         (tmp_path / name).write_bytes(b"")
