@@ -198,13 +198,10 @@ def eval_file_stem(args: argparse.Namespace, beam: int, prune_margin: float | No
     return ".".join(parts)
 
 
-def weights_name(run_dir: Path, weights: str | None) -> str:
+def weights_name(run_dir: Path, checkpoint: Path) -> str:
     """The weights file evaluate decoded with: relative to the run directory where inside it."""
-    from nmt.translator import find_checkpoint
-
-    path = find_checkpoint(run_dir, weights).resolve()
-    return str(path.relative_to(run_dir.resolve())) if path.is_relative_to(run_dir.resolve()) \
-        else str(path)
+    path, run_dir = checkpoint.resolve(), run_dir.resolve()
+    return str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else str(path)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -224,7 +221,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     if args.engine == "torch":
         scores.update(precision=translator.precision.precision,
                       prune_margin=translator.config.decoding.prune_margin,
-                      weights=weights_name(Path(args.checkpoint), args.weights))
+                      weights=weights_name(Path(args.checkpoint), translator.checkpoint))
     out = Path(args.checkpoint) / "eval"
     name = eval_file_stem(args, beam, translator.config.decoding.prune_margin)
     write_atomic(out / f"{name}.hyp", "".join(h + "\n" for h in hyps))

@@ -100,11 +100,13 @@ def final_weights_of(run_dir: Path) -> str | None:
 
 class Translator:
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, config: Config,
-                 precision: str | None = None, sentences: int | None = None):
+                 precision: str | None = None, sentences: int | None = None,
+                 checkpoint: Path | None = None):
         """``precision``: 32-true, bf16-mixed or auto (default: the config's decoding.precision);
         ``auto`` decides for ``sentences`` decoded together (default: a batch of
         data.eval_max_tokens), see ``decoding_precision``."""
         self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
+        self.checkpoint = checkpoint  # the file the weights came from, where known
         self.precision = decoding_precision(config, model, self.device.type, precision, sentences)
 
     @classmethod
@@ -130,7 +132,7 @@ class Translator:
         except Exception as err:  # unpickling, missing keys, shape mismatches, ...
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint ({reason})") from None
-        return cls(model.to(device), tokenizer, config, precision, sentences)
+        return cls(model.to(device), tokenizer, config, precision, sentences, path)
 
     @property
     def device(self) -> torch.device:
