@@ -74,8 +74,11 @@ class AdditiveScorer(Scorer):
     the same logits (to rounding) with torch's sigmoid in place of its tanh over the large
     tensor: on a 2-core AMD EPYC (Zen 3, fp32) the sigmoid kernel ran 3.2x faster over it and
     the RNN's beam search 1.21x (docs/performance.md; training steps did not move).
-    The factor 2 of the sum is applied to the small W q and folded into the addition of U k,
-    so the large tensor is still made in one pass.
+    The factor 2 inside the sigmoid goes on the small W q at each step and on U k once per
+    sentence (``prepare_keys`` returns 2 U k), so the large tensor is made by a plain sum:
+    folded into that sum instead (``add(..., alpha=2)``), the factor cost every decoder step's
+    backward one more pass over the (..., T, S, A) gradient (RNN training steps 1.02x faster
+    without it, docs/performance.md).
     """
 
     def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
@@ -85,15 +88,16 @@ class AdditiveScorer(Scorer):
         self.v = nn.Linear(hidden_dim, 1, bias=False)
 
     def prepare_keys(self, keys: Tensor) -> Tensor:
-        return self.key_proj(keys)  # (..., S, A)
+        return 2 * self.key_proj(keys)  # 2 U k: (..., S, A), the sigmoid form's factor
 
     def score_flops(self, t: int, s: int) -> int:
         a = self.v.in_features  # W q, U k, the (T, S, A) sum and tanh, then v
         return 2 * t * self.query_dim * a + 2 * s * self.key_dim * a + 4 * t * s * a
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        """(..., T, Dq), prepared keys 2 U k (..., S, A) -> logits (..., T, S)."""
         q = self.query_proj(query).unsqueeze(-2)  # W q: (..., T, 1, A)
-        pairs = torch.sigmoid(torch.add(2 * q, keys.unsqueeze(-3), alpha=2))  # (..., T, S, A)
+        pairs = torch.sigmoid(2 * q + keys.unsqueeze(-3))  # sigmoid(2 (W q + U k)): (..., T, S, A)
         return 2 * self.v(pairs).squeeze(-1) - self.v.weight.sum()  # (..., T, S)
 
 
@@ -108,6 +112,9 @@ class AdditiveDeepScorer(AdditiveScorer):
     def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
         super().__init__(query_dim, key_dim, hidden_dim)
         self.hidden = nn.Linear(hidden_dim, hidden_dim, bias=False)  # W2
+
+    def prepare_keys(self, keys: Tensor) -> Tensor:
+        return self.key_proj(keys)  # U k: (..., S, A); tanh as written, no factor 2
 
     def score_flops(self, t: int, s: int) -> int:
         a = self.v.in_features

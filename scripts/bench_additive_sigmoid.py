@@ -26,9 +26,10 @@ from nmt.translator import Translator
 
 
 def tanh_score(self: AdditiveScorer, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """Bahdanau's formula as written: v^T tanh(W q + U k)."""
+    """Bahdanau's formula as written: v^T tanh(W q + U k), from the shipped prepared keys 2 U k
+    (halved within the one pass of the sum)."""
     q = self.query_proj(query).unsqueeze(-2)  # (..., T, 1, A)
-    return self.v(torch.tanh(q + keys.unsqueeze(-3))).squeeze(-1)  # (..., T, S)
+    return self.v(torch.tanh(torch.add(q, keys.unsqueeze(-3), alpha=0.5))).squeeze(-1)  # (..., T, S)
 
 
 FORMULAS = {"tanh": tanh_score, "sigmoid (shipped)": AdditiveScorer.score}
