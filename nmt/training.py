@@ -441,9 +441,8 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     )
 
 
-def train(config: Config) -> Path:
-    """Train (or resume) the configured model; returns the run directory."""
-    # Fail on bad options now, not after data preparation.
+def check_training_config(config: Config) -> None:
+    """One-line errors for options that would fail only after data preparation, or never."""
     check_model_config(config.model)
     _max_time(config.trainer.max_time)
     if config.optim.schedule not in SCHEDULES:
@@ -461,6 +460,11 @@ def train(config: Config) -> Path:
             and config.trainer.max_epochs <= 0 and config.trainer.max_time is None:
         raise NMTError("schedule cosine decays to the end of the budget: set trainer.max_steps, "
                        "trainer.max_epochs or --max-time")
+
+
+def train(config: Config) -> Path:
+    """Train (or resume) the configured model; returns the run directory."""
+    check_training_config(config)  # fail on bad options now, not after data preparation
     run_dir = run_dir_of(config)
     resume_from = _check_resumable(config, run_dir)
     L.seed_everything(config.seed, workers=True, verbose=False)
@@ -487,23 +491,31 @@ def train(config: Config) -> Path:
         forget_final_weights(run_dir)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     metric = config.trainer.best_metric  # what best.ckpt's callback monitored
+    best = finish_last_epoch(trainer, module, datamodule, run_dir, metric)
+    if trainer.is_global_zero:
+        weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
+        print(f"translate and evaluate use {weights}: {why}", flush=True)
+        write_train_stats(run_dir, module, trainer, metric, best, weights)
+    return run_dir
+
+
+def finish_last_epoch(trainer: L.Trainer, module: TranslationModule,
+                      datamodule: TranslationDataModule, run_dir: Path, metric: str) -> float | None:
+    """The best ``metric`` of the run, after its last epoch is validated and checkpointed.
+
+    Budgets that stop inside an epoch were validated and checkpointed in the loop
+    (StopAtStepBudget). At an epoch's end, validate it if trainer.val_check_interval batches
+    left it unvalidated, and write last.ckpt as a finished epoch."""
     best = trainer.checkpoint_callback.best_model_score
     best = float(best) if best is not None else None
     if datamodule.epoch_finished():
-        # Budgets that stop inside an epoch were validated and checkpointed in the loop
-        # (StopAtStepBudget). At an epoch's end, validate it if trainer.val_check_interval
-        # batches left it unvalidated, and write last.ckpt as a finished epoch.
         if module.validated_step < trainer.global_step:
             score = trainer.validate(module, datamodule=datamodule, verbose=False)[0][metric]
             if best is None or is_better(score, best, metric):
                 trainer.save_checkpoint(run_dir / "best.ckpt")
                 best = score
         trainer.save_checkpoint(run_dir / "last.ckpt")
-    if trainer.is_global_zero:
-        weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
-        print(f"translate and evaluate use {weights}: {why}", flush=True)
-        write_train_stats(run_dir, module, trainer, metric, best, weights)
-    return run_dir
+    return best
 
 
 def is_better(score: float, best: float, metric: str) -> bool:
