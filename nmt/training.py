@@ -14,6 +14,7 @@ import os
 import resource
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -413,6 +414,11 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         callbacks.append(DropoutForBudget(config.optim.long_run_dropout,
                                           config.optim.long_run_epochs))
     precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
+    # Lightning advises loader workers wherever the host has more than 2 cores. A batch here is
+    # cut from token ids prepared once, in 0.07 ms (AMD EPYC Zen 4) against 19 ms for a training
+    # step on an H200: a false positive, silenced as Lightning's docs show (data.num_workers
+    # still starts workers for a pipeline that needs them).
+    warnings.filterwarnings("ignore", ".*Consider increasing the value of the `num_workers` argument")
     return L.Trainer(
         default_root_dir=run_dir,
         max_epochs=t.max_epochs,
