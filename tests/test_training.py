@@ -101,7 +101,7 @@ def test_no_loader_worker_advice_on_a_many_core_host(tmp_path, monkeypatch, sile
     pass that advice on (batches take 0.07 ms to build). Without the filter it would."""
     monkeypatch.setattr(lightning.fabric.utilities.data, "_num_cpus_available", lambda: 16)
     if not silenced:
-        monkeypatch.setattr(nmt.training.warnings, "filterwarnings", lambda *args, **kwargs: None)
+        monkeypatch.setattr(nmt.training, "quiet_loader_worker_advice", lambda: None)
     files = write_corpus(tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
