@@ -77,7 +77,7 @@ class AdditiveScorer(Scorer):
     The factor 2 inside the sigmoid goes on the small W q at each step and on U k once per
     sentence (``prepare_keys`` returns 2 U k), so the large tensor is made by a plain sum:
     folded into that sum instead (``add(..., alpha=2)``), the factor cost every decoder step's
-    backward one more pass over the (..., T, S, A) gradient (RNN training steps 1.02x faster
+    backward one more pass over the (..., T, S, A) gradient (RNN training steps 1.01x faster
     without it, docs/performance.md).
     """
 
