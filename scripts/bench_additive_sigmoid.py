@@ -25,14 +25,21 @@ from nmt.metrics import score_corpus
 from nmt.translator import Translator
 
 
+def plain_keys(self: AdditiveScorer, keys: torch.Tensor) -> torch.Tensor:
+    """U k, as written (the shipped ``prepare_keys`` returns 2 U k for its sigmoid form)."""
+    return self.key_proj(keys)  # (..., S, A)
+
+
 def tanh_score(self: AdditiveScorer, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """Bahdanau's formula as written: v^T tanh(W q + U k), from the shipped prepared keys 2 U k
-    (halved within the one pass of the sum)."""
+    """Bahdanau's formula as written: v^T tanh(W q + U k), from keys prepared by ``plain_keys``."""
     q = self.query_proj(query).unsqueeze(-2)  # (..., T, 1, A)
-    return self.v(torch.tanh(torch.add(q, keys.unsqueeze(-3), alpha=0.5))).squeeze(-1)  # (..., T, S)
+    return self.v(torch.tanh(q + keys.unsqueeze(-3))).squeeze(-1)  # (..., T, S)
 
 
-FORMULAS = {"tanh": tanh_score, "sigmoid (shipped)": AdditiveScorer.score}
+# Each formula: the AdditiveScorer methods it takes, swapped in together.
+TANH = {"prepare_keys": plain_keys, "score": tanh_score}
+FORMULAS = {"tanh": TANH, "sigmoid (shipped)": {"prepare_keys": AdditiveScorer.prepare_keys,
+                                                "score": AdditiveScorer.score}}
 
 
 def bench_decoding(translator: Translator, lines: list[str], refs: list[str], passes: int,
@@ -40,8 +47,8 @@ def bench_decoding(translator: Translator, lines: list[str], refs: list[str], pa
     best, outputs = {}, {}
     for _ in range(passes):
         for beam in (1, translator.config.decoding.beam_size):
-            for name, score in FORMULAS.items():
-                with mock.patch.object(AdditiveScorer, "score", score):
+            for name, methods in FORMULAS.items():
+                with mock.patch.multiple(AdditiveScorer, **methods):
                     start = time.perf_counter()
                     found = translator.translate(lines, beam_size=beam, alpha=alpha)
                     seconds = time.perf_counter() - start

@@ -15,7 +15,7 @@ from unittest import mock
 
 import torch
 import torch.nn.functional as F
-from bench_additive_sigmoid import tanh_score
+from bench_additive_sigmoid import TANH
 
 import nmt.attention
 import nmt.dropout
@@ -38,4 +38,4 @@ def use_stock_pieces(patches: ExitStack, dropout: bool = True, fused_attention: 
     if fused_attention:
         patches.enter_context(mock.patch.object(ScaledDotScorer, "FUSED_CPU_MIN_SCORES", 0))
     if tanh_additive:
-        patches.enter_context(mock.patch.object(AdditiveScorer, "score", tanh_score))
+        patches.enter_context(mock.patch.multiple(AdditiveScorer, **TANH))

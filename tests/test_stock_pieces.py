@@ -32,6 +32,7 @@ def test_stock_pieces_compute_the_same_function(stock, family, attention):
         with ExitStack() as patches:
             stock(patches)
             assert AdditiveScorer.score.__name__ == "tanh_score"  # the swap is in place
+            assert AdditiveScorer.prepare_keys.__name__ == "plain_keys"
             stock_logits = model(batch.src, batch.src_mask, batch.tgt_in)
     assert AdditiveScorer.score.__name__ == "score"  # and undone with the stack
     torch.testing.assert_close(stock_logits, own, atol=1e-5, rtol=1e-5)
