@@ -91,7 +91,7 @@ class AdditiveScorer(Scorer):
         return 2 * self.key_proj(keys)  # 2 U k: (..., S, A), the sigmoid form's factor
 
     def score_flops(self, t: int, s: int) -> int:
-        a = self.v.in_features  # W q, U k, the (T, S, A) sum and tanh, then v
+        a = self.v.in_features  # W q, U k, the (T, S, A) sum and sigmoid, then v
         return 2 * t * self.query_dim * a + 2 * s * self.key_dim * a + 4 * t * s * a
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
