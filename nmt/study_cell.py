@@ -1,8 +1,9 @@
 """One finished study cell -> its record: what the tables and pictures are rebuilt from.
 
 ``<out>/cells/<cell>/record.json`` holds the cell's identity and resolved configuration,
-its test scores (beam search, sacreBLEU), its training totals, where and in what precision
-it was trained, the attention statistics of a teacher-forced pass over the test set
+its test scores (beam search, sacreBLEU) and the checkpoint file they came from, its training
+totals, where and in what precision it was trained, the attention statistics of a
+teacher-forced pass over the test set
 (``nmt.attention_stats``), and the attention matrices of the plotted test sentences;
 ``hyps.txt`` holds its test translations (for paired significance tests). No weights.
 """
@@ -59,6 +60,7 @@ def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
                    "beam": cfg.beam},
         "train": json.loads((run_dir / "train_stats.json").read_text()),
         "decode_sent_per_s": round(len(sources) / seconds, 1),
+        "weights": translator.checkpoint.name,  # best.ckpt, or averaged.ckpt where training chose it
         "provenance": provenance(run_dir),
         "attention_stats": attention_statistics(translator.model, test_batches(translator, test)),
         "pictures": pictures(translator, sources, cfg.plot_sentences, cfg.beam),

@@ -155,19 +155,27 @@ def markdown(rows: list[dict], signature: str) -> str:
 
 def provenance_markdown(records: dict[Cell, dict]) -> str:
     """Where each cell ran: every training segment's code commit, start step and device
-    (records written before segments were kept say so), and the commit that recorded it."""
+    (records written before segments were kept say so), the checkpoint its scores came from
+    (a table whose cells differ in it compares unlike weights), and the commit that recorded it."""
     lines = ["### where each cell ran", "",
-             "| cell | training segments: code from step (device) | precision | recorded by |",
-             "|---|---|---|---|"]
+             "| cell | training segments: code from step (device) | precision | weights | recorded by |",
+             "|---|---|---|---|---|"]
     for cell, record in records.items():
         segments = record["train"].get("segments")
         trained = "; ".join(f"{_short(s['code'])} from {s['from_step']} ({s['device'] or 'unknown'})"
                             for s in segments) if segments else "not kept (trained before they were)"
         prov = record["provenance"]
         precision = (prov["precision"] or "unknown").split()[0]  # without the probe's reason
-        lines.append(f"| {cell.name} | {trained} | {precision} | "
+        lines.append(f"| {cell.name} | {trained} | {precision} | {decoded_weights(record)} | "
                      f"{_short(prov['code'])}, {prov['device']} |")
     return "\n".join(lines) + "\n"
+
+
+def decoded_weights(record: dict) -> str:
+    """The checkpoint file a cell's test scores came from. Records from before it was kept
+    name none: those decoded the run's choice where training recorded one (since f76e373),
+    else best.ckpt."""
+    return record.get("weights") or record["train"].get("final_weights") or "best.ckpt"
 
 
 def _short(commit: str | None) -> str:

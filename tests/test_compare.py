@@ -68,7 +68,7 @@ def read_rows(out):
 
 
 def test_compare_writes_records_tables_and_figures(study):
-    _, out, _, _ = study
+    _, out, _, folder = study
     a = out / "a"
     for name in ("compare.md", "compare.json", "compare.csv", "figures/bleu.png",
                  "figures/cross_test0001.png", "figures/cross_test0002.png",
@@ -100,6 +100,11 @@ def test_compare_writes_records_tables_and_figures(study):
     assert record["train"]["segments"][0]["from_step"] == 0
     commit = (code_commit() or "unknown")[:7]
     assert f"| rnn_dot_seed2 | {commit}" in table and "from 0 (CPU: " in table
+    # The scores came from the weights training chose, and the table says which.
+    run_dir = next((folder / "runs" / "a").glob("transformer_symmetric_h1_seed1-*"))
+    stats = json.loads((run_dir / "train_stats.json").read_text())
+    assert record["weights"] == stats["final_weights"]
+    assert f"| {record['weights']} | {commit}" in table
 
 
 def test_significance_is_sacrebleus_bootstrap_and_a_paired_t_test(study):
