@@ -3,9 +3,9 @@
 ``<out>/cells/<cell>/record.json`` holds the cell's identity and resolved configuration,
 its test scores (beam search, sacreBLEU) and the checkpoint file they came from, its training
 totals, where and in what precision it was trained, the attention statistics of a
-teacher-forced pass over the test set
-(``nmt.attention_stats``), and the attention matrices of the plotted test sentences;
-``hyps.txt`` holds its test translations (for paired significance tests). No weights.
+teacher-forced pass over the test set (``nmt.attention_stats``), and the attention matrices of
+the plotted test sentences; ``hyps.txt`` holds its test translations (for paired significance
+tests). No weights.
 """
 
 from __future__ import annotations
