@@ -27,6 +27,9 @@ TRAIN_FLAGS = {
     "tgt_lang": "data.tgt_lang",
     "seed": "seed",
 }
+# The scorers' names for --help, spelled out so that parsing needs no torch (nmt.attention.SCORERS;
+# a test keeps the two in step).
+SCORER_CHOICES = "additive | additive_deep | dot | general | scaled_dot | symmetric"
 
 
 def dotted_overrides(extra: list[str]) -> list[str]:
@@ -310,7 +313,13 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="nmt", description=__doc__.splitlines()[0])
     sub = top.add_subparsers(dest="command", required=True)
+    for add_command in (add_train, add_prepare, add_decoding, add_serve, add_export, add_average,
+                        add_compare, add_bench):
+        add_command(sub)
+    return top
 
+
+def add_train(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a model (resumes if the run directory has one)",
                            epilog="Any config key can be set as --section.key VALUE, "
                                   "e.g. --trainer.strategy ddp --trainer.devices 2.")
@@ -319,17 +328,22 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--max-epochs", type=int)
     train.add_argument("--max-time", help="HH:MM:SS wall-clock limit")
     train.add_argument("--train-lines", type=int, help="train on the first N lines")
-    train.add_argument("--attention", help="additive | dot | general | scaled_dot")
+    train.add_argument("--attention", help=SCORER_CHOICES)
     train.add_argument("--src-lang")
     train.add_argument("--tgt-lang")
     train.add_argument("--seed", type=int)
 
+
+def add_prepare(sub: argparse._SubParsersAction) -> None:
     prepare = sub.add_parser("prepare", help="check, tokenize and cache a corpus (train does it "
                              "too when needed)", epilog="Any config key: --section.key VALUE.")
     prepare.add_argument("--config", help="YAML config, e.g. configs/transformer.yaml")
     for flag in ("train_lines", "src_lang", "tgt_lang"):
         prepare.add_argument("--" + flag.replace("_", "-"), type=int if flag == "train_lines" else str)
 
+
+def add_decoding(sub: argparse._SubParsersAction) -> None:
+    """``translate`` and ``evaluate``, which share the decoding options."""
     for name, help_text in (("translate", "translate lines from stdin or a file"),
                             ("evaluate", "BLEU and chrF of a run on a corpus split")):
         p = sub.add_parser(name, help=help_text)
@@ -359,6 +373,8 @@ def parser() -> argparse.ArgumentParser:
                            help="Transformer: mean over heads, a head number, or all (one panel each)")
     sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")
 
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="translate over HTTP, with a web page of the attention")
     serve.add_argument("--checkpoint", required=True, nargs="+",
                        help="run directories (exported models with --engine ctranslate2)")
@@ -372,17 +388,23 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--precision", choices=DECODING_PRECISIONS,
                        help="decoding precision (default: each run's decoding.precision, auto)")
 
+
+def add_export(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="convert a Transformer run for another inference engine")
     export.add_argument("--checkpoint", required=True, help="run directory")
     export.add_argument("--format", default="ctranslate2", help="ctranslate2")
     export.add_argument("--quantization", default="float32", help="float32 | int8")
     export.add_argument("--out", required=True, help="new directory (or an earlier export, replaced)")
 
+
+def add_average(sub: argparse._SubParsersAction) -> None:
     average = sub.add_parser("average", help="average the weights of a run's last checkpoints")
     average.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
     average.add_argument("--last", type=int, help="the last N kept checkpoints (default all)")
     average.add_argument("--out", help="output file (default RUN/averaged.ckpt)")
 
+
+def add_compare(sub: argparse._SubParsersAction) -> None:
     compare = sub.add_parser("compare", help="the attention study: families x scorers x seeds",
                              epilog="Other config keys apply to every cell: --section.key VALUE.")
     compare.add_argument("--config", default="configs/compare.yaml")
@@ -403,8 +425,15 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--src-lang")
     compare.add_argument("--tgt-lang")
 
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks that print numbers (and a JSON line)")
     what = bench.add_subparsers(dest="what", required=True)
+    for add_bench_command in (add_bench_train, add_bench_decode, add_bench_data, add_bench_attention):
+        add_bench_command(what)
+
+
+def add_bench_train(what: argparse._SubParsersAction) -> None:
     bench_train = what.add_parser("train", help="training tokens/s, FLOPs and utilisation")
     bench_train.add_argument("--config", required=True)
     bench_train.add_argument("--steps", type=int, default=30, help="timed optimizer steps")
@@ -412,6 +441,9 @@ def parser() -> argparse.ArgumentParser:
     for flag in ("train_lines", "attention", "src_lang", "tgt_lang", "seed"):
         bench_train.add_argument("--" + flag.replace("_", "-"),
                                  type=int if flag in ("train_lines", "seed") else str)
+
+
+def add_bench_decode(what: argparse._SubParsersAction) -> None:
     bench_decode = what.add_parser("decode", help="greedy and beam search speed on a split")
     bench_decode.add_argument("--checkpoint", required=True, help="run directory")
     bench_decode.add_argument("--beam", default="1,5", help="comma-separated beam sizes")
@@ -424,6 +456,9 @@ def parser() -> argparse.ArgumentParser:
     bench_decode.add_argument("--precision", default="auto",
                               help="comma-separated torch decoding precisions: "
                               + ", ".join(DECODING_PRECISIONS))
+
+
+def add_bench_data(what: argparse._SubParsersAction) -> None:
     bench_data = what.add_parser("data", help="prepare and training start-up on a synthetic "
                                  "corpus of N pairs", epilog="Config keys: --section.key VALUE.")
     bench_data.add_argument("--pairs", type=int, default=100_000)
@@ -433,6 +468,9 @@ def parser() -> argparse.ArgumentParser:
                             help="Multi30k pairs per line (2: ~25 words a side, like WMT)")
     bench_data.add_argument("--dir", default="results/bench_data",
                             help="where the corpus and its prepared folder go")
+
+
+def add_bench_attention(what: argparse._SubParsersAction) -> None:
     bench_attention = what.add_parser("attention", help="each scorer's cost as length grows")
     bench_attention.add_argument("--max-len", type=int, default=1024)
     bench_attention.add_argument("--batch", type=int, default=2)
@@ -440,7 +478,6 @@ def parser() -> argparse.ArgumentParser:
     bench_attention.add_argument("--head-dim", type=int, default=32)
     bench_attention.add_argument("--plot", default="results/bench_attention.png",
                                  help="log-log plot of time against length")
-    return top
 
 
 def main(argv: list[str] | None = None) -> int:
