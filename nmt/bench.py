@@ -29,7 +29,7 @@ from nmt.models import build_model
 from nmt.plots import save_lines
 from nmt.precision import autocast_dtype, trainer_precision, training_precision
 from nmt.search import max_output_lengths, restrict
-from nmt.training import TranslationModule, peak_rss_mb, quiet_loader_worker_advice
+from nmt.training import TranslationModule, peak_rss_mb, quiet_lightning_noise
 from nmt.translator import Translator
 
 
@@ -87,7 +87,7 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     timer = StepTimer(warmup)
     precision = training_precision(config)
     flag, plugins = trainer_precision(precision, config.trainer.accelerator)  # as training's
-    quiet_loader_worker_advice()
+    quiet_lightning_noise()
     trainer = L.Trainer(
         max_steps=warmup + steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import math
 import os
 import resource
@@ -387,12 +388,40 @@ class DropoutForBudget(L.Callback):
             module.model.set_dropout(self.long_dropout)
 
 
-def quiet_loader_worker_advice() -> None:
-    """Lightning advises DataLoader workers wherever the host has more than 2 cores. A batch
-    here is cut from token ids prepared once, in 0.07 ms (AMD EPYC Zen 4) against 19 ms for a
-    training step on an H200: a false positive, silenced as Lightning's docs show, for the rest
-    of the process (``data.num_workers`` still starts workers where a pipeline needs them)."""
-    warnings.filterwarnings("ignore", ".*Consider increasing the value of the `num_workers` argument")
+class _DropTip(logging.Filter):
+    """Drops Lightning's tip to install its cloud logger, printed at every Trainer."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("💡 Tip")
+
+
+_DROP_TIP = _DropTip()
+
+
+def quiet_lightning_noise() -> None:
+    """Silence, for the rest of the process, what Lightning prints to every user that none of
+    them can act on, all false alarms here:
+
+    - its advice to start DataLoader workers wherever the host has more than 2 cores. A batch
+      here is cut from token ids prepared once, in 0.07 ms (AMD EPYC Zen 4) against 19 ms for a
+      training step on an H200 (``data.num_workers`` still starts workers where a pipeline
+      needs them);
+    - "Checkpoint directory ... exists and is not empty": the run directory holds the config
+      and the SentencePiece model before training starts, and a resumed run its checkpoints;
+    - "Precision bf16-mixed is not supported by the model summary": the size it estimates is
+      the fp32 weights', which is what they are under mixed precision;
+    - the FutureWarning torch 2.13 raises at Lightning 2.6's own use of ``LeafSpec``;
+    - its tip to install a cloud logger.
+
+    Warnings are filtered as Lightning's docs show, the tip on Lightning's rank-zero logger
+    (adding the same filter twice keeps one)."""
+    for message in (".*Consider increasing the value of the `num_workers` argument",
+                    "Checkpoint directory .* exists and is not empty",
+                    "Precision .* is not supported by the model summary"):
+        warnings.filterwarnings("ignore", message)
+    warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DROP_TIP)
 
 
 def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
@@ -422,7 +451,7 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         callbacks.append(DropoutForBudget(config.optim.long_run_dropout,
                                           config.optim.long_run_epochs))
     precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
-    quiet_loader_worker_advice()
+    quiet_lightning_noise()
     return L.Trainer(
         default_root_dir=run_dir,
         max_epochs=t.max_epochs,

@@ -3,6 +3,7 @@ the WMT14 Transformer-base config on a tiny slice, and Lightning's advice on loa
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import lightning.fabric.utilities.data
@@ -96,15 +97,33 @@ def test_wmt14_base_config_trains_on_a_tiny_slice(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("silenced", [True, False])
-def test_no_loader_worker_advice_on_a_many_core_host(tmp_path, monkeypatch, silenced):
-    """Lightning advises DataLoader workers on a host with more than 2 cores; training does not
-    pass that advice on (batches take 0.07 ms to build). Without the filter it would."""
+def test_training_passes_on_none_of_lightnings_noise(tmp_path, monkeypatch, silenced):
+    """On a host with more than 2 cores Lightning advises DataLoader workers (batches here take
+    0.07 ms to build); it warns that the run directory is not empty (it holds the config) and
+    that the model summary does not support bf16-mixed; torch warns about Lightning's use of
+    LeafSpec; and every Trainer prints a tip to install a cloud logger. Training passes none
+    of them on; without the filters all five reach the user."""
     monkeypatch.setattr(lightning.fabric.utilities.data, "_num_cpus_available", lambda: 16)
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    monkeypatch.setattr(rank_zero, "filters", [])  # as in a fresh process
     if not silenced:
-        monkeypatch.setattr(nmt.training, "quiet_loader_worker_advice", lambda: None)
+        monkeypatch.setattr(nmt.training, "quiet_lightning_noise", lambda: None)
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    rank_zero.addHandler(handler)
     files = write_corpus(tmp_path)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert main(tiny_train_args(files, tmp_path / "run", tmp_path / "data")) == 0
-    advice = [w for w in caught if "`num_workers` argument" in str(w.message)]
-    assert bool(advice) != silenced
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # bf16-mixed on any CPU: the model summary's warning is about that precision
+            assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data"),
+                         "--trainer.precision", "bf16-mixed"]) == 0
+    finally:
+        rank_zero.removeHandler(handler)
+    warned = " ".join(str(w.message) for w in caught)
+    heard = [text in warned for text in ("`num_workers` argument", "exists and is not empty",
+                                         "not supported by the model summary", "LeafSpec")]
+    heard.append(any(m.startswith("💡 Tip") for m in logged))
+    assert heard == [not silenced] * 5
+    assert any(m.startswith("GPU available") for m in logged)  # Lightning's other news stays

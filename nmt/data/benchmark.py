@@ -90,12 +90,13 @@ class _FirstSteps(L.Callback):
 def _train_stage(config: Config, steps: int, spawned_at: float, results) -> None:
     from nmt.data.module import TranslationDataModule, prepare_data
     from nmt.models import build_model
-    from nmt.training import TranslationModule
+    from nmt.training import TranslationModule, quiet_lightning_noise
 
     data = prepare_data(config.data)
     model = build_model(config.model, len(data.tokenizer))
     module = TranslationModule(model, data.tokenizer, config.optim, config.decoding, [], config.seed)
     probe = _FirstSteps()
+    quiet_lightning_noise()
     trainer = L.Trainer(max_steps=steps + 1, limit_val_batches=0, logger=False, devices=1,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[probe],
