@@ -29,7 +29,7 @@ TRAIN_FLAGS = {
 }
 # The scorers' names for --help, spelled out so that parsing needs no torch (nmt.attention.SCORERS;
 # a test keeps the two in step).
-SCORER_CHOICES = "additive | additive_deep | dot | general | scaled_dot | symmetric"
+SCORER_NAMES = ("additive", "additive_deep", "dot", "general", "scaled_dot", "symmetric")
 
 
 def dotted_overrides(extra: list[str]) -> list[str]:
@@ -328,7 +328,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--max-epochs", type=int)
     train.add_argument("--max-time", help="HH:MM:SS wall-clock limit")
     train.add_argument("--train-lines", type=int, help="train on the first N lines")
-    train.add_argument("--attention", help=SCORER_CHOICES)
+    train.add_argument("--attention", help=" | ".join(SCORER_NAMES))
     train.add_argument("--src-lang")
     train.add_argument("--tgt-lang")
     train.add_argument("--seed", type=int)
@@ -438,9 +438,10 @@ def add_bench_train(what: argparse._SubParsersAction) -> None:
     bench_train.add_argument("--config", required=True)
     bench_train.add_argument("--steps", type=int, default=30, help="timed optimizer steps")
     bench_train.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    for flag in ("train_lines", "attention", "src_lang", "tgt_lang", "seed"):
+    for flag in ("train_lines", "src_lang", "tgt_lang", "seed"):
         bench_train.add_argument("--" + flag.replace("_", "-"),
                                  type=int if flag in ("train_lines", "seed") else str)
+    bench_train.add_argument("--attention", help=" | ".join(SCORER_NAMES))
 
 
 def add_bench_decode(what: argparse._SubParsersAction) -> None:

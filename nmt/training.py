@@ -317,10 +317,15 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 def _check_resumable(config: Config, run_dir: Path) -> Path | None:
     """last.ckpt if the run directory holds an earlier segment of this run; an error naming
-    the first option that differs if it was trained with other trajectory options."""
+    the first option that differs if it was trained with other trajectory options, and one
+    if it holds checkpoints that cannot be resumed (a new run would overwrite them)."""
     last = run_dir / "last.ckpt"
     saved = run_dir / "config.yaml"
     if not last.is_file() or not saved.is_file():
+        if earlier := sorted(path.name for path in run_dir.glob("*.ckpt")):
+            raise NMTError(f"{run_dir} holds checkpoints ({', '.join(earlier)}) of a run that "
+                           "cannot be resumed (that needs last.ckpt and config.yaml); choose "
+                           "another --run-dir, or move them away")
         return None
     before, now = _flat(yaml.safe_load(saved.read_text())), _flat(to_dict(config))
     # An option added after the run was saved did, at its built-in default, what the run did.
@@ -407,7 +412,8 @@ def quiet_lightning_noise() -> None:
       training step on an H200 (``data.num_workers`` still starts workers where a pipeline
       needs them);
     - "Checkpoint directory ... exists and is not empty": the run directory holds the config
-      and the SentencePiece model before training starts, and a resumed run its checkpoints;
+      and the SentencePiece model before training starts, and a resumed run its checkpoints
+      (``_check_resumable`` refuses to train a new run over checkpoints it cannot resume);
     - "Precision bf16-mixed is not supported by the model summary": the size it estimates is
       the fp32 weights', which is what they are under mixed precision;
     - the FutureWarning torch 2.13 raises at Lightning 2.6's own use of ``LeafSpec``;
@@ -417,7 +423,7 @@ def quiet_lightning_noise() -> None:
     (adding the same filter twice keeps one)."""
     for message in (".*Consider increasing the value of the `num_workers` argument",
                     "Checkpoint directory .* exists and is not empty",
-                    "Precision .* is not supported by the model summary"):
+                    r"Precision \S+-mixed is not supported by the model summary"):
         warnings.filterwarnings("ignore", message)
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)

@@ -137,13 +137,16 @@ def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_train_help_names_every_scorer(capsys):
+def test_help_names_every_scorer(capsys):
     from nmt.attention import SCORERS
+    from nmt.cli import SCORER_NAMES
 
-    with pytest.raises(SystemExit):
-        main(["train", "--help"])
-    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps the line
-    assert f"--attention ATTENTION {' | '.join(SCORERS)}" in help_text
+    assert SCORER_NAMES == tuple(SCORERS)
+    for command in (["train"], ["bench", "train"]):
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps the line
+        assert f"--attention ATTENTION {' | '.join(SCORERS)}" in help_text
 
 
 def test_undecodable_input_names_the_line(run, tmp_path, capsys):

@@ -148,6 +148,19 @@ def test_resume_with_a_trajectory_option_changed_is_an_error(corpus, tmp_path, c
                      "decoding.beam_size=2")) == 0
 
 
+def test_checkpoints_that_cannot_be_resumed_are_not_overwritten(corpus, tmp_path, capsys):
+    """A run directory whose last.ckpt is gone (say, deleted to keep only best.ckpt) cannot be
+    resumed; training a new run there would overwrite its checkpoints, so it is an error."""
+    assert main(args(corpus, tmp_path, "trainer.max_steps=1")) == 0
+    (tmp_path / "last.ckpt").unlink()
+    best = (tmp_path / "best.ckpt").read_bytes()
+    capsys.readouterr()
+    assert main(args(corpus, tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert "holds checkpoints (best.ckpt) of a run that cannot be resumed" in err
+    assert err.count("\n") == 1 and (tmp_path / "best.ckpt").read_bytes() == best
+
+
 def test_a_run_saved_before_an_option_existed_resumes_at_its_default(corpus, tmp_path, capsys):
     """A run whose config.yaml predates optim.long_run_* resumes where the option is at its
     built-in default (what the run did), and not where it would change the trajectory."""

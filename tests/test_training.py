@@ -1,5 +1,5 @@
 """Training pieces: the weight EMA's averaging window, the loss against a hand computation,
-the WMT14 Transformer-base config on a tiny slice, and Lightning's advice on loader workers."""
+the WMT14 Transformer-base config on a tiny slice, and the Lightning messages training drops."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import warnings
 
 import lightning.fabric.utilities.data
+import lightning.pytorch.loggers
 import pytest
 import torch
 from torch import nn
@@ -102,7 +103,7 @@ def test_training_passes_on_none_of_lightnings_noise(tmp_path, monkeypatch, sile
     0.07 ms to build); it warns that the run directory is not empty (it holds the config) and
     that the model summary does not support bf16-mixed; torch warns about Lightning's use of
     LeafSpec; and every Trainer prints a tip to install a cloud logger. Training passes none
-    of them on; without the filters all five reach the user."""
+    of them on; without the filters each reaches the user."""
     monkeypatch.setattr(lightning.fabric.utilities.data, "_num_cpus_available", lambda: 16)
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     monkeypatch.setattr(rank_zero, "filters", [])  # as in a fresh process
@@ -122,8 +123,12 @@ def test_training_passes_on_none_of_lightnings_noise(tmp_path, monkeypatch, sile
     finally:
         rank_zero.removeHandler(handler)
     warned = " ".join(str(w.message) for w in caught)
-    heard = [text in warned for text in ("`num_workers` argument", "exists and is not empty",
+    heard = [text in warned for text in ("`num_workers` argument", "Checkpoint directory",
                                          "not supported by the model summary", "LeafSpec")]
     heard.append(any(m.startswith("💡 Tip") for m in logged))
-    assert heard == [not silenced] * 5
+    # The last two come with the versions installed here (torch 2.13 deprecated LeafSpec,
+    # Lightning 2.6 added the tip); the control expects them only where they exist.
+    emitted = [True, True, True, hasattr(torch.utils._pytree.LeafSpec, "__deprecated__"),
+               hasattr(lightning.pytorch.loggers, "LitLogger")]
+    assert heard == [not silenced and exists for exists in emitted]
     assert any(m.startswith("GPU available") for m in logged)  # Lightning's other news stays
