@@ -430,7 +430,9 @@ def quiet_lightning_noise() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DROP_TIP)
 
 
-def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
+def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
+    """best.ckpt, last.ckpt, the step budget, and the options' callbacks (early stopping,
+    weight EMA, the last N checkpoints kept, dropout by the budget's epochs)."""
     t = config.trainer
     # Checkpoints and early stopping act after each validation (once per epoch, or every
     # trainer.val_check_interval batches): patience counts validations.
@@ -456,6 +458,11 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     if config.optim.long_run_dropout is not None:
         callbacks.append(DropoutForBudget(config.optim.long_run_dropout,
                                           config.optim.long_run_epochs))
+    return callbacks
+
+
+def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
+    t = config.trainer
     precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
     quiet_lightning_noise()
     return L.Trainer(
@@ -480,7 +487,7 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         # A fresh sampler each epoch, seeded by the epoch (Lightning's set_epoch does not reach
         # a batch sampler), so resumed and uninterrupted runs see the same batches.
         reload_dataloaders_every_n_epochs=1,
-        callbacks=callbacks,
+        callbacks=training_callbacks(config, run_dir),
         plugins=[AtomicCheckpointIO(), *precision_plugins],
         num_sanity_val_steps=0,
     )
