@@ -240,3 +240,17 @@ def test_committed_study_records_still_match_their_cells():
         overrides = compare.cell_overrides(cfg, "study", cell, [])
         key, _ = compare.cell_key(str(REPO / cfg.families[cell.family]), overrides)
         assert key == record["key"], f"{record['name']}: its configuration changed"
+
+
+def test_the_committed_study_names_where_each_cell_ran_as_the_code_tables_it(monkeypatch):
+    """The published study's compare.md is rebuilt from its records by ``nmt compare --preset
+    study --tables-only``; its 'where each cell ran' section must be what the code now makes
+    of those records (it went stale once, when a column was added)."""
+    from nmt.compare import load_compare_config
+    from nmt.study_report import current_records, provenance_markdown
+
+    monkeypatch.chdir(REPO)  # the config names its families' configs relative to the repository
+    study = REPO / "study" / "study"
+    records = current_records(load_compare_config(REPO / "configs" / "compare.yaml"), "study", study)
+    assert len(records) == 48
+    assert provenance_markdown(records) in (study / "compare.md").read_text()
