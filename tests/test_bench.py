@@ -60,7 +60,9 @@ def test_bench_train(tiny, capsys):
     assert summary["steps"] == 3 and summary["tgt_tok_per_s"] > 0
     assert summary["train_gflop_per_tgt_token"] > 0 and 0 < summary["mfu"]
     mixed = summary["precision"] != "32-true"
-    assert (summary["precision_peak_gflops"] != summary["matmul_peak_gflops"]) == mixed
+    assert (summary["precision_peak_gflops"] != summary["fp32_peak_gflops"]) == mixed
+    at_precision = summary["achieved_gflops"] / summary["precision_peak_gflops"]
+    assert summary["mfu"] == pytest.approx(at_precision, abs=0.002)
 
 
 def test_bench_decode(tiny, capsys):
