@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from nmt.config import existing_run_dir
 from nmt.errors import NMTError
 
 STEPS_DIR = "steps"  # RUN/steps/step<global step>.ckpt, written by training
@@ -89,9 +90,7 @@ def average_run(run_dir: str | Path, last: int | None = None,
                 out: str | Path | None = None) -> tuple[Path, list[Path]]:
     """Average the last ``last`` (default: all) kept checkpoints of ``run_dir`` into ``out``
     (default RUN/averaged.ckpt). Returns the file written and the checkpoints averaged."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise NMTError(f"checkpoint directory not found: {run_dir}")
+    run_dir = existing_run_dir(run_dir)
     paths = step_checkpoints(run_dir)
     if not paths:
         raise NMTError(f"no step checkpoints in {run_dir / STEPS_DIR}: train with "

@@ -153,3 +153,15 @@ def run_dir_of(config: Config) -> Path:
         return Path(config.run_dir)
     attention = config.model.get("attention", "default")
     return Path(f"checkpoints/{config.name}_{attention}_{config.data.src_lang}-{config.data.tgt_lang}")
+
+
+def existing_run_dir(path: str | Path) -> Path:
+    """``path`` as a training run's directory (what ``--checkpoint`` names); a one-line error
+    where there is none, and one that says so where it is a checkpoint file."""
+    run_dir = Path(path)
+    if run_dir.is_file():
+        raise NMTError(f"{run_dir} is a file: --checkpoint takes the run directory (translate, "
+                       "evaluate and serve take a checkpoint file in it with --weights)")
+    if not run_dir.is_dir():
+        raise NMTError(f"checkpoint directory not found: {run_dir}")
+    return run_dir

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.config import Config, load_config
+from nmt.config import Config, existing_run_dir, load_config
 from nmt.data.batching import PairDataset
 from nmt.data.module import decoding_loader
 from nmt.data.tokenizer import Tokenizer
@@ -74,13 +74,15 @@ def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None
 
 
 def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
-    """``weights`` (a file, relative to the run directory or absolute, e.g. averaged.ckpt
-    from ``nmt average``) if given, else the run's final weights (train_stats.json, see
+    """``weights`` if given: a file in the run directory (e.g. averaged.ckpt from ``nmt
+    average``, steps/step30.ckpt), else a path as given (absolute, or relative to the current
+    directory); otherwise the run's final weights (train_stats.json, see
     ``nmt.average.final_weights``), else best.ckpt, else last.ckpt."""
     if weights is not None:
-        if not (run_dir / weights).is_file():
-            raise NMTError(f"weights file not found: {run_dir / weights}")
-        return run_dir / weights
+        for path in (run_dir / weights, Path(weights)):
+            if path.is_file():
+                return path
+        raise NMTError(f"weights file not found: {weights} (looked in {run_dir} and here)")
     for name in (final_weights_of(run_dir), "best.ckpt", "last.ckpt"):
         if name and (run_dir / name).is_file():
             return run_dir / name
@@ -115,9 +117,7 @@ class Translator:
                      sentences: int | None = None) -> Translator:
         """Model, tokenizer and config from ``run_dir``; weights from ``weights`` if given, else
         the run's final weights (see ``find_checkpoint``)."""
-        run_dir = Path(run_dir)
-        if not run_dir.is_dir():
-            raise NMTError(f"checkpoint directory not found: {run_dir}")
+        run_dir = existing_run_dir(run_dir)
         config = load_config(run_dir / "config.yaml")
         tokenizer = Tokenizer(run_dir / "spm.model")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -50,7 +50,8 @@ def test_checkpoints_of_different_models_are_refused(tmp_path):
         average_run(tmp_path)
 
 
-def test_a_run_keeps_its_last_checkpoints_and_translates_with_their_average(tmp_path, capsys):
+def test_a_run_keeps_its_last_checkpoints_and_translates_with_their_average(tmp_path, capsys,
+                                                                             monkeypatch):
     files = write_corpus(tmp_path)
     run = tmp_path / "run"
     args = tiny_train_args(files, run, tmp_path / "data", epochs=3)
@@ -62,6 +63,10 @@ def test_a_run_keeps_its_last_checkpoints_and_translates_with_their_average(tmp_
     assert main(["evaluate", "--checkpoint", str(run), "--weights", "averaged.ckpt",
                  "--beam", "2"]) == 0
     assert (run / "eval" / "test.beam2.averaged.json").is_file()
+    step = kept[-1].relative_to(tmp_path)  # e.g. run/steps/step9.ckpt: a path from here
+    monkeypatch.chdir(tmp_path)
+    assert main(["evaluate", "--checkpoint", "run", "--weights", str(step), "--beam", "2"]) == 0
+    assert (run / "eval" / f"test.beam2.{step.stem}.json").is_file()
     capsys.readouterr()
     assert main(["average", "--checkpoint", str(run), "--last", "0"]) == 1
     assert main(["translate", "--checkpoint", str(run), "--weights", "nothing.ckpt"]) == 1

@@ -123,6 +123,8 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["translate", "--checkpoint", "/nonexistent/run"], "checkpoint directory not found"),
     (["evaluate", "--checkpoint", "/nonexistent/run"], "checkpoint directory not found"),
+    (["translate", "--checkpoint", "README.md"], "is a file: --checkpoint takes the run directory"),
+    (["average", "--checkpoint", "README.md"], "is a file: --checkpoint takes the run directory"),
     (["train", "--config", "/nonexistent.yaml"], "config file not found"),
     (["train", "--config", "configs/transformer.yaml", "--trainer.max_epoch", "3"], "max_epoch"),
     (["train", "--config", "configs/transformer.yaml", "--attention", "cosine"], "scaled_dot"),
