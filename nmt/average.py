@@ -53,7 +53,8 @@ def final_weights(run_dir: str | Path, keep: int) -> tuple[str, str]:
     if not kept:
         return "best.ckpt", "no checkpoints kept for averaging"
     first, last = step_of(kept[0]), step_of(kept[-1])
-    span = f"the {len(kept)} checkpoints kept (updates {first:,}-{last:,})"
+    span = (f"the one checkpoint kept (update {first:,})" if len(kept) == 1
+            else f"the {len(kept)} checkpoints kept (updates {first:,}-{last:,})")
     try:  # a damaged checkpoint must not fail the finished run
         best_step = _load(best)["global_step"]
         if best_step >= first:

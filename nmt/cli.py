@@ -238,7 +238,9 @@ def cmd_average(args: argparse.Namespace) -> None:
     from nmt.average import average_run
 
     out, paths = average_run(args.checkpoint, args.last, args.out)
-    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
+    count = "1 checkpoint" if len(paths) == 1 else f"{len(paths)} checkpoints"
+    short = f" (--last {args.last}: the run kept only {len(paths)})" if (args.last or 0) > len(paths) else ""
+    print(f"averaged {count} ({', '.join(p.name for p in paths)}) into {out}{short}")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:

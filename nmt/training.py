@@ -546,8 +546,9 @@ def train(config: Config) -> Path:
     best = finish_last_epoch(trainer, module, datamodule, run_dir, metric)
     if trainer.is_global_zero:
         weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
+        stats = write_train_stats(run_dir, module, trainer, metric, best, weights)
+        print_run_summary(stats, trainer.callback_metrics)
         print(f"translate and evaluate use {weights}: {why}", flush=True)
-        write_train_stats(run_dir, module, trainer, metric, best, weights)
     return run_dir
 
 
@@ -599,9 +600,10 @@ def forget_final_weights(run_dir: Path) -> None:
 
 
 def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Trainer,
-                      metric: str, best: float | None, weights: str) -> None:
+                      metric: str, best: float | None, weights: str) -> dict:
     """train_stats.json: the run's totals (all resumed segments), read by ``compare``, and the
-    weights file that translate and evaluate take by default (``final_weights``)."""
+    weights file that translate and evaluate take by default (``final_weights``). Returns
+    what it wrote."""
     last = torch.load(run_dir / "last.ckpt", map_location="cpu", weights_only=False)
     totals = last["nmt_totals"]
     stats = {
@@ -619,3 +621,15 @@ def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Train
         "final_weights": weights,
     }
     write_atomic(run_dir / "train_stats.json", json.dumps(stats, indent=2) + "\n")
+    return stats
+
+
+def print_run_summary(stats: dict, metrics: dict[str, torch.Tensor]) -> None:
+    """One line at the end of training: its updates and speed (all segments) and the last
+    validation's scores (Lightning's latest logged metrics)."""
+    scores = ", ".join(f"{name} {float(value):.2f}" for name, value in sorted(metrics.items())
+                       if name.startswith("val_"))
+    epochs = f"{stats['epochs']} epoch" + ("" if stats["epochs"] == 1 else "s")
+    print(f"trained {stats['steps']:,} updates ({epochs}) at "
+          f"{stats['tgt_tok_per_s']:,.0f} tgt tok/s" + (f"; last validation: {scores}" if scores else ""),
+          flush=True)

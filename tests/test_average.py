@@ -60,6 +60,11 @@ def test_a_run_keeps_its_last_checkpoints_and_translates_with_their_average(tmp_
     assert len(kept) == 2  # three validations, the oldest checkpoint deleted
     assert main(["average", "--checkpoint", str(run)]) == 0
     assert (run / "averaged.ckpt").is_file()
+    capsys.readouterr()
+    for last, said in (("1", "averaged 1 checkpoint ("), ("5", "(--last 5: the run kept only 2)")):
+        assert main(["average", "--checkpoint", str(run), "--last", last,
+                     "--out", str(tmp_path / f"last{last}.ckpt")]) == 0
+        assert said in capsys.readouterr().out
     assert main(["evaluate", "--checkpoint", str(run), "--weights", "averaged.ckpt",
                  "--beam", "2"]) == 0
     assert (run / "eval" / "test.beam2.averaged.json").is_file()
