@@ -174,7 +174,9 @@ class CTranslate2Translator:
         cross-attention averaged over heads."""
         dec = self.config.decoding
         beam_size, alpha = decoding_options(dec, beam_size, nbest, alpha)
-        alpha = 0.0 if beam_size == 1 else alpha  # greedy scores are raw, as in greedy_search
+        # greedy scores are raw, as greedy_search's (ours searches greedily for attention too,
+        # but through beam_search, which divides by the length penalty)
+        alpha = 0.0 if beam_size == 1 and not need_attn else alpha
         ids = self.encode_lines(lines)
         results = [[Translation("", 0.0, [], log_prob=0.0)] for _ in lines]  # empty lines
         todo = [i for i, seq in enumerate(ids) if seq]
@@ -201,7 +203,8 @@ class CTranslate2Translator:
             sources, max_batch_size=self.config.data.eval_max_tokens, batch_type="tokens",
             beam_size=beam_size, num_hypotheses=beam_size, length_penalty=0.0,
             suppress_sequences=NEVER_EMITTED, max_decoding_length=max(budgets),
-            max_input_length=0, return_scores=True, return_attention=need_attn)
+            max_input_length=0, return_scores=True, return_attention=need_attn,
+            return_end_token=True)  # with the EOS step's attention row, as ours
 
     def _budgets(self, sources: list[list[str]], ratio: float) -> list[int]:
         """Steps each sentence may take, EOS included, as ``search.max_output_lengths``."""
@@ -213,7 +216,8 @@ class CTranslate2Translator:
                     need_attn: bool) -> Translation:
         """Hypothesis ``k`` of a result, cut to ``limit`` pieces, scored as
         ``search.beam_search`` scores: log-probability (EOS included) / GNMT penalty."""
-        pieces = result.hypotheses[k][:limit]
+        pieces = result.hypotheses[k]
+        pieces = (pieces[:-1] if pieces[-1:] == [EOS_PIECE] else pieces)[:limit]
         ids = [self.tokenizer.sp.piece_to_id(p) for p in pieces]
         penalty = length_penalty(len(pieces) + 1, alpha)
         translation = Translation(self.tokenizer.decode([ids])[0], result.scores[k] / penalty,

@@ -54,7 +54,25 @@ def test_float32_attention_matches_ours(run, exported, sources):
     theirs = CTranslate2Translator(exported).translate(lines, 1, need_attn=True)
     for (a,), (b,) in zip(ours, theirs):
         assert a.pieces == b.pieces and a.source == b.source
+        assert b.attention.size(0) == len(b.pieces) + 1  # a row for every piece and for EOS
         torch.testing.assert_close(b.attention, attention_matrix(a.attention), atol=1e-4, rtol=1e-3)
+
+
+def test_a_hypothesis_that_ends_itself_keeps_its_eos_attention_row(exported):
+    """CTranslate2 hands back EOS (return_end_token), so a sentence that ends by itself has the
+    EOS step's attention row, as ours does; EOS is not a piece of the text. A hypothesis cut at
+    the length limit keeps the row of the step after the cut, where ours forces EOS."""
+    translator = CTranslate2Translator(exported)
+    words = translator.tokenizer.pieces(list(range(4, 10)))
+    source = [words[0], EOS_PIECE]
+    rows = [[0.25, 0.75], [0.5, 0.5], [0.875, 0.125], [0.375, 0.625]]  # exact in float32
+    ended = type("Result", (), {"hypotheses": [[*words[:3], EOS_PIECE]], "scores": [-2.0],
+                                "attention": [rows]})()
+    mine = translator._hypothesis(ended, 0, limit=10, alpha=0.0, source=source, need_attn=True)
+    assert mine.pieces == words[:3] and mine.log_prob == -2.0
+    assert mine.attention.tolist() == rows  # 3 pieces + EOS
+    cut = translator._hypothesis(ended, 0, limit=2, alpha=0.0, source=source, need_attn=True)
+    assert cut.pieces == words[:2] and cut.attention.tolist() == rows[:3]
 
 
 def test_beam_attention_belongs_to_each_sentence(run, exported, sources):
