@@ -164,9 +164,9 @@ class CTranslate2Translator:
         self.engine = ctranslate2.Translator(str(model_dir), device=device or "cpu",
                                              intra_threads=threads or torch.get_num_threads())
 
-    def encode_lines(self, lines: list[str]) -> list[list[int]]:
+    def encode_lines(self, lines: list[str], warn: bool = True) -> list[list[int]]:
         """Piece ids per line, cut to what the model accepts (room left for EOS)."""
-        return encode_truncated(self.tokenizer, lines, self.max_positions)
+        return encode_truncated(self.tokenizer, lines, self.max_positions, warn)
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int = 1,
                   alpha: float | None = None, need_attn: bool = False) -> list[list[Translation]]:

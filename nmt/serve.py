@@ -187,7 +187,7 @@ class TranslationAPI(litserve.LitAPI):
         """One line per text that the translator cut to the model's length limit."""
         translator = self.translators[job.model]
         full = translator.tokenizer.encode(job.texts)
-        kept = [len(ids) for ids in translator.encode_lines(job.texts)]
+        kept = [len(ids) for ids in translator.encode_lines(job.texts, warn=False)]  # said once
         return [f"text {number} has {len(ids)} pieces; truncated to {length}"
                 for number, (ids, length) in enumerate(zip(full, kept), start=1)
                 if length < len(ids)]

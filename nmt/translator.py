@@ -49,14 +49,17 @@ def moses_nbest(results: list[list[Translation]]) -> list[str]:
     return rows
 
 
-def encode_truncated(tokenizer: Tokenizer, lines: list[str], max_positions: int) -> list[list[int]]:
-    """Piece ids per line, each cut to ``max_positions - 1`` (room for EOS) with a warning on
-    stderr naming the line: the one rule of every engine."""
+def encode_truncated(tokenizer: Tokenizer, lines: list[str], max_positions: int,
+                     warn: bool = True) -> list[list[int]]:
+    """Piece ids per line, each cut to ``max_positions - 1`` (room for EOS), with a warning on
+    stderr naming the line unless ``warn`` is False: the one rule of every engine."""
     limit = max_positions - 1
     ids = tokenizer.encode(lines)
     for number, seq in enumerate(ids, start=1):
         if len(seq) > limit:
-            print(f"warning: line {number} has {len(seq)} pieces; truncated to {limit}", file=sys.stderr)
+            if warn:
+                print(f"warning: line {number} has {len(seq)} pieces; truncated to {limit}",
+                      file=sys.stderr)
             del seq[limit:]
     return ids
 
@@ -173,9 +176,9 @@ class Translator:
                 results[line] = [self._result(h, ids[line]) for h in hyps]
         return results
 
-    def encode_lines(self, lines: list[str]) -> list[list[int]]:
+    def encode_lines(self, lines: list[str], warn: bool = True) -> list[list[int]]:
         """Piece ids per line, cut to what the model accepts (room left for EOS)."""
-        return encode_truncated(self.tokenizer, lines, self.model.max_positions)
+        return encode_truncated(self.tokenizer, lines, self.model.max_positions, warn)
 
     def _result(self, hyp: Hypothesis, src_ids: list[int]) -> Translation:
         """Detokenized text; attention cut to this sentence's source (+ EOS) columns."""

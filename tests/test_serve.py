@@ -187,6 +187,20 @@ def test_too_long_text_is_truncated_with_warning(server):
     assert answer["warnings"] == ["text 2 has 600 pieces; truncated to 511"]
 
 
+def test_a_truncated_text_is_reported_once(runs, capsys):
+    """The answer's warning comes from the server's own count of the text's pieces; only the
+    translation itself reports the cut on stderr, once."""
+    from nmt.serve import Job, TranslationAPI
+
+    translators, _, _ = runs
+    api = TranslationAPI({}, "torch", default_beam=1, max_batch=4)
+    api.translators = translators
+    job = Job(texts=["hund", "haus " * 600], beam=1, attention=False, model="first")
+    answer = api._translate_group([job])[0]
+    assert answer["warnings"] == ["text 2 has 600 pieces; truncated to 511"]
+    assert capsys.readouterr().err.count("truncated to 511") == 1
+
+
 def test_concurrent_requests_each_get_their_own_answer(server, runs):
     """Requests arriving together are decoded in one batch; each answer is its own input's
     translation, and a bad request in the same batch fails alone."""
