@@ -84,6 +84,13 @@ def test_unreachable_hub_names_paths_tried(tmp_path, monkeypatch):
     message = str(err.value)
     assert str(tmp_path / "multi30k") in message and "bentrevett/multi30k" in message
     assert "data.train_files" in message and "\n" not in message
+    assert "that folder has" not in message  # there is no such folder
+    folder = tmp_path / "multi30k"
+    folder.mkdir()
+    for name in ("train.en.gz", "train.fr", "val.en", "README"):
+        (folder / name).write_text("")
+    with pytest.raises(NMTError, match=r"\(that folder has en, fr\)"):  # a user asked for another
+        load_corpus(DataConfig(data_dir=str(tmp_path), src_lang="xx"))
 
 
 def test_joint_tokenizer_round_trip_and_cache(tmp_path):

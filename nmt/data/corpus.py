@@ -232,6 +232,13 @@ def local_files(cfg: DataConfig) -> dict[str, Source] | None:
     return None
 
 
+def _languages_there(folder: Path) -> str:
+    """" (that folder has en, fr)": the languages of a local folder's training files; "" if none."""
+    langs = sorted({path.name.split(".")[1] for path in folder.glob("train.*")
+                    if len(path.name.split(".")) in (2, 3)})
+    return f" (that folder has {', '.join(langs)})" if langs else ""
+
+
 def _existing(stem: Path) -> str | None:
     for path in (stem, stem.with_name(stem.name + ".gz")):
         if path.is_file():
@@ -254,8 +261,9 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise NMTError(
             f"corpus '{cfg.corpus}' ({pair}) not found locally in {local}/ "
-            f"(train|val|test_2016_flickr).<lang>[.gz] and the Hub dataset '{name}' could not be "
-            f"loaded: {reason}. Put the files there or set data.train_files/data.val_files."
+            f"(train|val|test_2016_flickr).<lang>[.gz]{_languages_there(local)} and the Hub "
+            f"dataset '{name}' could not be loaded: {reason}. Put the files there or set "
+            "data.train_files/data.val_files."
         ) from None
     corpus = {}
     for split, names in HUB_SPLITS.items():
