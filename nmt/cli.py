@@ -176,12 +176,15 @@ def plot_attention(translator, lines: list[str], results, folder: str, kind: str
         if best.attention is None:  # empty input line: nothing to draw
             continue
         weights, rows, columns = translation_attention(translator, line, best, kind)  # (L, H, T, S)
-        if not -weights.size(0) <= layer < weights.size(0) or (
-                head.isdigit() and int(head) >= weights.size(1)):
-            raise NMTError(f"no {kind} attention layer {layer} / head {head} in this model")
+        layers, heads_there = weights.shape[:2]
+        if not -layers <= layer < layers or (head.isdigit() and int(head) >= heads_there):
+            raise NMTError(f"no {kind} attention layer {layer} / head {head} in this model: it has "
+                           f"{layers} layer{'s' * (layers != 1)} and {heads_there} heads, counted from 0 "
+                           "(layer -1 is the last)")
         per_head = weights[layer]  # (H, T, S)
         heads = range(per_head.size(0)) if head == "all" else [None if head == "mean" else int(head)]
-        panels = [(f"line {number}, {kind}" + ("" if h is None else f", head {h}"),
+        where = f"layer {layer % layers}, " if layers > 1 else ""
+        panels = [(f"line {number}, {kind}, {where}" + ("mean of heads" if h is None else f"head {h}"),
                    per_head.mean(0) if h is None else per_head[h], columns, rows) for h in heads]
         save_attention_grid(Path(folder) / f"{number:04d}.png", panels)
 

@@ -87,8 +87,8 @@ def test_self_attention_pictures_have_shape_and_labels(run, tmp_path, monkeypatc
     translator = Translator.from_run_dir(run)
     best = translator.translate(["haus mann katze"], 1)[0][0]
     source_pieces = translator.tokenizer.pieces(translator.encode_lines(["haus mann katze"])[0]) + ["</s>"]
-    for title, weights, columns, rows in panels:
-        assert kind in title
+    assert [title for title, *_ in panels] == [f"line 1, {kind}, head {h}" for h in (0, 1)]
+    for _, weights, columns, rows in panels:
         if kind == "encoder":
             assert columns == rows == source_pieces
         else:
@@ -107,3 +107,13 @@ def test_rnn_has_no_self_attention_to_draw(run):
     with pytest.raises(NMTError, match="no encoder self-attention"):
         translation_attention(translator, "haus mann", best, "encoder")
     assert math.isfinite(best.score)
+
+
+def test_a_missing_attention_layer_names_the_ones_there(run, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("haus mann katze\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--plot-attention",
+                 str(tmp_path / "pics"), "--attention-layer", "5", "--beam", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "no cross attention layer 5 / head mean in this model: it has 1 layer and 2 heads" in err
+    assert err.count("\n") == 1
