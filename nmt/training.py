@@ -465,6 +465,7 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     t = config.trainer
     precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
     quiet_lightning_noise()
+    once_per_epoch = isinstance(t.val_check_interval, float) and t.val_check_interval == 1.0
     return L.Trainer(
         default_root_dir=run_dir,
         max_epochs=t.max_epochs,
@@ -477,7 +478,8 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
         precision=precision,
         gradient_clip_val=t.gradient_clip_val,
         accumulate_grad_batches=t.accumulate_grad_batches,
-        val_check_interval=t.val_check_interval,
+        # once per epoch as Lightning's default (None): given as 1.0, Lightning announces it
+        val_check_interval=None if once_per_epoch else t.val_check_interval,
         # An integer interval counts batches across epoch ends, not within each epoch.
         check_val_every_n_epoch=None if isinstance(t.val_check_interval, int) else 1,
         log_every_n_steps=t.log_every_n_steps,
@@ -565,9 +567,9 @@ def finish_last_epoch(trainer: L.Trainer, module: TranslationModule,
         if module.validated_step < trainer.global_step:
             score = trainer.validate(module, datamodule=datamodule, verbose=False)[0][metric]
             if best is None or is_better(score, best, metric):
-                trainer.save_checkpoint(run_dir / "best.ckpt")
+                trainer.save_checkpoint(run_dir / "best.ckpt", weights_only=False)
                 best = score
-        trainer.save_checkpoint(run_dir / "last.ckpt")
+        trainer.save_checkpoint(run_dir / "last.ckpt", weights_only=False)  # a whole, resumable one
     return best
 
 
@@ -626,10 +628,10 @@ def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Train
 
 def print_run_summary(stats: dict, metrics: dict[str, torch.Tensor]) -> None:
     """One line at the end of training: its updates and speed (all segments) and the last
-    validation's scores (Lightning's latest logged metrics)."""
+    validation's scores (Lightning's latest logged metrics). No epoch count: Lightning counts
+    an epoch that a step or time budget stopped as finished."""
     scores = ", ".join(f"{name} {float(value):.2f}" for name, value in sorted(metrics.items())
                        if name.startswith("val_"))
-    epochs = f"{stats['epochs']} epoch" + ("" if stats["epochs"] == 1 else "s")
-    print(f"trained {stats['steps']:,} updates ({epochs}) at "
+    print(f"trained {stats['steps']:,} updates at "
           f"{stats['tgt_tok_per_s']:,.0f} tgt tok/s" + (f"; last validation: {scores}" if scores else ""),
           flush=True)
