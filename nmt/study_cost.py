@@ -21,8 +21,8 @@ from nmt.errors import NMTError
 from nmt.files import write_atomic
 from nmt.precision import cpu_identity
 
-TRAIN_KEYS = ("tgt_tok_per_s", "sec_per_step", "train_gflop_per_tgt_token", "mfu_at_precision",
-              "peak_rss_mb", "precision")
+TRAIN_KEYS = ("tgt_tok_per_s", "sec_per_step", "train_gflop_per_tgt_token", "mfu",
+              "peak_rss_mb", "precision")  # mfu: against the peak of the precision used
 
 
 def _bench(arguments: list[str]) -> dict:
@@ -57,6 +57,12 @@ def measure_cost(cfg: CompareConfig, preset: str, out: Path, steps: int = 20, wa
     return cost
 
 
+def _mfu(row: dict) -> float:
+    """A cost row's MFU against its precision's peak: ``mfu`` since 2026-11-26, when ``nmt bench
+    train`` renamed it; ``mfu_at_precision`` in the cost files measured before."""
+    return row["mfu"] if "mfu" in row else row["mfu_at_precision"]
+
+
 def cost_markdown(cost: dict, rows: list[dict]) -> str:
     """The training-cost table with each scorer's mean BLEU (main group) beside it."""
     bleu = {(r["family"], r["attention"]): r["bleu"] for r in rows if r["variant"] == "base"
@@ -67,7 +73,7 @@ def cost_markdown(cost: dict, rows: list[dict]) -> str:
              "| precision | test BLEU |", "|---|---|---|---|---|---|---|---|---|"]
     for r in cost["train"]:
         lines.append(f"| {r['family']} | {r['attention']} | {r['tgt_tok_per_s']} | {r['sec_per_step']} | "
-                     f"{r['train_gflop_per_tgt_token']} | {r['mfu_at_precision']} | {r['peak_rss_mb']} | "
+                     f"{r['train_gflop_per_tgt_token']} | {_mfu(r)} | {r['peak_rss_mb']} | "
                      f"{r['precision']} | {bleu.get((r['family'], r['attention']), '-')} |")
     attention = cost["attention"]["rows"]
     longest = max(r["length"] for r in attention)

@@ -215,11 +215,12 @@ def test_cost_is_benched_per_scorer_and_tabled(study, capsys):
     cost = measure_cost(cfg, "a", out / "a", steps=2, warmup=1, max_len=32)
     assert [(r["family"], r["attention"]) for r in cost["train"]] == [
         ("rnn", "additive"), ("transformer", "scaled_dot"), ("rnn", "dot")]  # baselines first
-    assert all(r["tgt_tok_per_s"] > 0 and r["precision"] for r in cost["train"])
+    assert all(r["tgt_tok_per_s"] > 0 and r["precision"] and 0 < r["mfu"] for r in cost["train"])
     assert {r["scorer"] for r in cost["attention"]["rows"]} >= {"additive_deep", "symmetric"}
     assert run("a", "--tables-only") == 0
     table = (out / "a" / "compare.md").read_text()
     assert "### cost" in table and "| transformer | scaled_dot |" in table.split("### cost")[1]
+    assert f"| {cost['train'][0]['mfu']} |" in table.split("### cost")[1]  # the MFU column
 
 
 def test_committed_study_records_still_match_their_cells():
