@@ -10,11 +10,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nmt.allocator import keep_freed_memory
 from nmt.config import DECODING_PRECISIONS
 from nmt.errors import NMTError
 from nmt.files import write_atomic
+
+if TYPE_CHECKING:  # parsing needs no torch
+    from torch import Tensor
 
 # Named training flags -> the config key they set.
 TRAIN_FLAGS = {
@@ -176,17 +180,30 @@ def plot_attention(translator, lines: list[str], results, folder: str, kind: str
         if best.attention is None:  # empty input line: nothing to draw
             continue
         weights, rows, columns = translation_attention(translator, line, best, kind)  # (L, H, T, S)
-        layers, heads_there = weights.shape[:2]
-        if not -layers <= layer < layers or (head.isdigit() and int(head) >= heads_there):
-            raise NMTError(f"no {kind} attention layer {layer} / head {head} in this model: it has "
-                           f"{layers} layer{'s' * (layers != 1)} and {heads_there} heads, counted from 0 "
-                           "(layer -1 is the last)")
-        per_head = weights[layer]  # (H, T, S)
-        heads = range(per_head.size(0)) if head == "all" else [None if head == "mean" else int(head)]
-        where = f"layer {layer % layers}, " if layers > 1 else ""
-        panels = [(f"line {number}, {kind}, {where}" + ("mean of heads" if h is None else f"head {h}"),
-                   per_head.mean(0) if h is None else per_head[h], columns, rows) for h in heads]
-        save_attention_grid(Path(folder) / f"{number:04d}.png", panels)
+        panels = attention_panels(weights, f"line {number}, {kind}", layer, head)
+        save_attention_grid(Path(folder) / f"{number:04d}.png",
+                            [(title, w, columns, rows) for title, w in panels])
+
+
+def attention_panels(weights: Tensor, title: str, layer: int, head: str) -> list[tuple[str, Tensor]]:
+    """(title, (T, S) weights) per panel: ``layer``'s mean over heads, one head, or each head.
+    An RNN, and CTranslate2 (the last layer's mean over heads), give one map: (1, 1, T, S)."""
+    layers, heads = weights.shape[:2]
+    if (layers, heads) == (1, 1):
+        if layer not in (0, -1) or head not in ("mean", "all", "0"):
+            raise NMTError("this model gives one attention map (an RNN's, or CTranslate2's mean of "
+                           "the last layer's heads): no --attention-layer or --attention-head to pick")
+        return [(title, weights[0, 0])]
+    if not -layers <= layer < layers or (head.isdigit() and int(head) >= heads):
+        raise NMTError(f"no attention layer {layer} / head {head} in this model: it has {layers} "
+                       f"layer{'s' * (layers != 1)} and {heads} head{'s' * (heads != 1)}, counted "
+                       "from 0 (layer -1 is the last)")
+    per_head = weights[layer]  # (H, T, S)
+    where = f"{title}, layer {layer % layers}, " if layers > 1 else f"{title}, "
+    if head == "mean":
+        return [(where + "mean of heads", per_head.mean(0))]
+    chosen = range(heads) if head == "all" else [int(head)]
+    return [(where + f"head {h}", per_head[h]) for h in chosen]
 
 
 def eval_file_stem(args: argparse.Namespace, beam: int, prune_margin: float | None) -> str:

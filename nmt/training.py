@@ -322,7 +322,7 @@ def _check_resumable(config: Config, run_dir: Path) -> Path | None:
     last = run_dir / "last.ckpt"
     saved = run_dir / "config.yaml"
     if not last.is_file() or not saved.is_file():
-        if earlier := sorted(path.name for path in run_dir.glob("*.ckpt")):
+        if earlier := sorted(str(path.relative_to(run_dir)) for path in run_dir.rglob("*.ckpt")):
             raise NMTError(f"{run_dir} holds checkpoints ({', '.join(earlier)}) of a run that "
                            "cannot be resumed (that needs last.ckpt and config.yaml); choose "
                            "another --run-dir, or move them away")

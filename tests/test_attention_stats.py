@@ -115,5 +115,23 @@ def test_a_missing_attention_layer_names_the_ones_there(run, tmp_path, capsys):
     assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--plot-attention",
                  str(tmp_path / "pics"), "--attention-layer", "5", "--beam", "1"]) == 1
     err = capsys.readouterr().err
-    assert "no cross attention layer 5 / head mean in this model: it has 1 layer and 2 heads" in err
+    assert "no attention layer 5 / head mean in this model: it has 1 layer and 2 heads" in err
     assert err.count("\n") == 1
+
+
+def test_attention_panels_name_their_layer_and_head():
+    from nmt.cli import attention_panels
+    from nmt.errors import NMTError
+
+    weights = torch.rand(3, 2, 4, 5)  # (layers, heads, T, S)
+    mean = attention_panels(weights, "line 1, cross", -1, "mean")
+    assert [t for t, _ in mean] == ["line 1, cross, layer 2, mean of heads"]
+    torch.testing.assert_close(mean[0][1], weights[2].mean(0))
+    every = attention_panels(weights, "line 1, cross", 0, "all")
+    assert [t for t, _ in every] == ["line 1, cross, layer 0, head 0", "line 1, cross, layer 0, head 1"]
+    with pytest.raises(NMTError, match="it has 3 layers and 2 heads"):
+        attention_panels(weights, "line 1, cross", 3, "mean")
+    one = torch.rand(1, 1, 4, 5)  # an RNN's attention, or CTranslate2's mean of the last layer
+    assert [t for t, _ in attention_panels(one, "line 1, cross", -1, "all")] == ["line 1, cross"]
+    with pytest.raises(NMTError, match="one attention map"):
+        attention_panels(one, "line 1, cross", 2, "mean")

@@ -157,8 +157,11 @@ def test_checkpoints_that_cannot_be_resumed_are_not_overwritten(corpus, tmp_path
     capsys.readouterr()
     assert main(args(corpus, tmp_path)) == 1
     err = capsys.readouterr().err
-    assert "holds checkpoints (best.ckpt) of a run that cannot be resumed" in err
+    assert "holds checkpoints (best.ckpt, steps/step1.ckpt) of a run that cannot be resumed" in err
     assert err.count("\n") == 1 and (tmp_path / "best.ckpt").read_bytes() == best
+    (tmp_path / "best.ckpt").unlink()  # only the kept steps: a new run would average with them
+    assert main(args(corpus, tmp_path)) == 1
+    assert "holds checkpoints (steps/step1.ckpt)" in capsys.readouterr().err
 
 
 def test_a_run_saved_before_an_option_existed_resumes_at_its_default(corpus, tmp_path, capsys):
