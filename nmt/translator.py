@@ -78,14 +78,17 @@ def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None
 
 def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
     """``weights`` if given: a file in the run directory (e.g. averaged.ckpt from ``nmt
-    average``, steps/step30.ckpt), else a path as given (absolute, or relative to the current
-    directory); otherwise the run's final weights (train_stats.json, see
-    ``nmt.average.final_weights``), else best.ckpt, else last.ckpt."""
+    average``, steps/step30.ckpt), else a path with a folder in it as given (absolute, or from
+    the current directory; a bare name is never looked for outside the run); otherwise the
+    run's final weights (train_stats.json, see ``nmt.average.final_weights``), else best.ckpt,
+    else last.ckpt."""
     if weights is not None:
-        for path in (run_dir / weights, Path(weights)):
+        inside, given = run_dir / weights, Path(weights)
+        tried = [inside] if given.parent == Path(".") or given.is_absolute() else [inside, given]
+        for path in tried:
             if path.is_file():
                 return path
-        raise NMTError(f"weights file not found: {weights} (looked in {run_dir} and here)")
+        raise NMTError(f"weights file not found: {' or '.join(map(str, tried))}")
     for name in (final_weights_of(run_dir), "best.ckpt", "last.ckpt"):
         if name and (run_dir / name).is_file():
             return run_dir / name

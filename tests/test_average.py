@@ -72,6 +72,8 @@ def test_a_run_keeps_its_last_checkpoints_and_translates_with_their_average(tmp_
     monkeypatch.chdir(tmp_path)
     assert main(["evaluate", "--checkpoint", "run", "--weights", str(step), "--beam", "2"]) == 0
     assert (run / "eval" / f"test.beam2.{step.stem}.json").is_file()
+    (tmp_path / "stray.ckpt").write_bytes(step.read_bytes())  # a bare name is the run's only
+    assert main(["evaluate", "--checkpoint", "run", "--weights", "stray.ckpt", "--beam", "2"]) == 1
     capsys.readouterr()
     assert main(["average", "--checkpoint", str(run), "--last", "0"]) == 1
     assert main(["translate", "--checkpoint", str(run), "--weights", "nothing.ckpt"]) == 1
