@@ -203,7 +203,8 @@ class CTranslate2Translator:
             sources, max_batch_size=self.config.data.eval_max_tokens, batch_type="tokens",
             beam_size=beam_size, num_hypotheses=beam_size, length_penalty=0.0,
             suppress_sequences=NEVER_EMITTED, max_decoding_length=max(budgets),
-            max_input_length=0, return_scores=True, return_attention=need_attn,
+            max_input_length=0, min_decoding_length=0,  # EOS may come first, as in ours
+            return_scores=True, return_attention=need_attn,
             return_end_token=True)  # with the EOS step's attention row, as ours
 
     def _budgets(self, sources: list[list[str]], ratio: float) -> list[int]:
