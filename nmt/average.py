@@ -62,7 +62,8 @@ def final_weights(run_dir: str | Path, keep: int) -> tuple[str, str]:
         average_run(run_dir, last=keep)
     except NMTError as err:
         return "best.ckpt", f"averaging failed: {err}"
-    return "averaged.ckpt", f"best.ckpt (update {best_step:,}) is older than {span}: their average"
+    mean = "their average" if len(kept) > 1 else "that checkpoint, as averaged.ckpt"
+    return "averaged.ckpt", f"best.ckpt (update {best_step:,}) is older than {span}: {mean}"
 
 
 def average_state_dicts(paths: list[Path]) -> dict[str, torch.Tensor]:

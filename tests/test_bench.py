@@ -61,8 +61,10 @@ def test_bench_train(tiny, capsys):
     assert summary["train_gflop_per_tgt_token"] > 0 and 0 < summary["mfu"]
     mixed = summary["precision"] != "32-true"
     assert (summary["precision_peak_gflops"] != summary["fp32_peak_gflops"]) == mixed
-    at_precision = summary["achieved_gflops"] / summary["precision_peak_gflops"]
-    assert summary["mfu"] == pytest.approx(at_precision, abs=0.002)
+    achieved = summary["achieved_gflops"]
+    assert summary["mfu"] == pytest.approx(achieved / summary["precision_peak_gflops"], abs=0.002)
+    assert summary["fp32_peak_utilisation"] == pytest.approx(achieved / summary["fp32_peak_gflops"],
+                                                             abs=0.002)
 
 
 def test_bench_decode(tiny, capsys):

@@ -78,6 +78,9 @@ def test_missing_named_file_is_a_clear_error(tmp_path):
 def test_unreachable_hub_names_paths_tried(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("datasets.config.HF_HUB_OFFLINE", True, raising=False)
+    # an empty cache: offline, datasets would load a copy cached on this machine
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", tmp_path / "hf_cache")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub_cache"))
     cfg = DataConfig(data_dir=str(tmp_path))
     with pytest.raises(NMTError) as err:
         load_corpus(cfg)
@@ -87,7 +90,7 @@ def test_unreachable_hub_names_paths_tried(tmp_path, monkeypatch):
     assert "that folder has" not in message  # there is no such folder
     folder = tmp_path / "multi30k"
     folder.mkdir()
-    for name in ("train.en.gz", "train.fr", "val.en", "README"):
+    for name in ("train.en.gz", "train.fr", "train.tok.de", "val.en", "README"):
         (folder / name).write_text("")
     with pytest.raises(NMTError, match=r"\(that folder has en, fr\)"):  # a user asked for another
         load_corpus(DataConfig(data_dir=str(tmp_path), src_lang="xx"))

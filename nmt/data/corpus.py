@@ -234,8 +234,8 @@ def local_files(cfg: DataConfig) -> dict[str, Source] | None:
 
 def _languages_there(folder: Path) -> str:
     """" (that folder has en, fr)": the languages of a local folder's training files; "" if none."""
-    langs = sorted({path.name.split(".")[1] for path in folder.glob("train.*")
-                    if len(path.name.split(".")) in (2, 3)})
+    langs = sorted({match.group(1) for path in folder.glob("train.*")
+                    if (match := re.fullmatch(r"train\.([^.]+)(?:\.gz)?", path.name))})
     return f" (that folder has {', '.join(langs)})" if langs else ""
 
 
@@ -252,8 +252,9 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
     pair = f"{cfg.src_lang}-{cfg.tgt_lang}"
     if name is None:
         raise NMTError(
-            f"corpus '{cfg.corpus}' not found: no {local}/train.{cfg.src_lang}[.gz] etc. "
-            "and no data.hub_dataset given; point data.train_files/data.val_files at local files"
+            f"corpus '{cfg.corpus}' not found: no {local}/train.{cfg.src_lang}[.gz] etc."
+            f"{_languages_there(local)} and no data.hub_dataset given; point "
+            "data.train_files/data.val_files at local files"
         )
     try:
         hub = datasets.load_dataset(name, cfg.hub_config, streaming=cfg.hub_streaming)
