@@ -113,6 +113,42 @@ def greedy_search(
     return [Hypothesis(row[: row.index(EOS)], log_prob) for row, log_prob in zip(rows, scores.tolist())]
 
 
+@dataclass
+class LiveBeams:
+    """The hypotheses still searched. Slot i * width + j holds beam j of sentence ``alive[i]``;
+    the decoding batch has one row per live hypothesis, in slot order (``slots``), so pruned
+    beams and finished sentences cost no rows."""
+
+    alive: Tensor  # (n,) original index of each sentence still searched
+    width: int  # slots per sentence: 1 at the first step (BOS only), then K
+    slots: Tensor  # (rows,) the slot of each batch row
+    prefix: Tensor  # (rows, t) each row's tokens so far, BOS first
+    scores: Tensor  # (n, width) each slot's log-probability; -inf: an empty slot
+
+    @classmethod
+    def first_step(cls, sentences: int, device: torch.device) -> LiveBeams:
+        """One beam per sentence, holding BOS: K copies of it would only repeat the work."""
+        rows = torch.arange(sentences, device=device)
+        return cls(rows, 1, rows, torch.full((sentences, 1), BOS, dtype=torch.long, device=device),
+                   torch.zeros(sentences, 1, device=device))
+
+    def row_slots(self) -> Beams | None:
+        """Which slots the batch rows are, for ``decode_step``; None when every slot has one."""
+        return Beams(self.width, self.slots) if len(self.slots) < self.scores.numel() else None
+
+    def carry_on(self, left: Tensor, keep: Tensor, next_scores: Tensor, token: Tensor,
+                 source_rows: Tensor) -> tuple[LiveBeams, Tensor]:
+        """The next step's beams: sentences ``left`` (n_left,) continue with the candidates
+        ``keep`` (n, K) of the step's candidates (``token``, ``source_rows``: (n, C)), scored
+        ``next_scores`` (n, K). Returns them and, for each of their rows, the current batch
+        row it continues (its state is that row's, reordered)."""
+        keep, live = keep[left], next_scores[left].isfinite()  # (n_left, K): slots with a row
+        rows = source_rows[left].gather(1, keep)[live]
+        prefix = torch.cat([self.prefix[rows], token[left].gather(1, keep)[live].unsqueeze(1)], dim=1)
+        slots = live.view(-1).nonzero().squeeze(1)
+        return LiveBeams(self.alive[left], keep.size(1), slots, prefix, next_scores[left]), rows
+
+
 @torch.no_grad()
 def beam_search(
     model: Seq2Seq,
@@ -132,54 +168,52 @@ def beam_search(
     one is dropped (absolute threshold pruning, Freitag & Al-Onaizan 2017), and the batch
     shrinks by its row. None keeps all K, as fairseq does.
     """
-    k, device = beam_size, src.device
+    k = beam_size
     margin = prune_margin if nbest == 1 else None
     memory = model.encode(src, src_mask)  # one row per sentence, shared by its beams
     state = model.init_state(memory)
     max_lens = max_output_lengths(src_mask, max_len_ratio, model.max_positions)
     finished = Finished(max_lens, k, nbest, alpha)
-    alive = torch.arange(src.size(0), device=device)  # original index of each sentence
-    # Slot i * width + j holds beam j of alive sentence i; the batch has one row per live
-    # hypothesis, in slot order (``slots``). The first step has one beam per sentence (BOS):
-    # running K copies of it would only repeat the same work.
-    width, slots = 1, torch.arange(src.size(0), device=device)
-    prefix = torch.full((src.size(0), 1), BOS, dtype=torch.long, device=device)  # (rows, t)
-    scores = torch.zeros(src.size(0), 1, device=device)  # (n, width); -inf: an empty slot
+    beams = LiveBeams.first_step(src.size(0), src.device)
     attn_rows = [] if need_attn else None  # per step: (rows, ..., S)
 
     for step in range(int(max_lens.max())):
-        beams = Beams(width, slots) if len(slots) < scores.numel() else None
-        log_probs, state, attn = model.decode_step(prefix[:, -1], state, memory, need_attn, beams)
-        must_end = (step >= max_lens[alive] - 1)[slots // width]  # (rows,)
-        top_scores, source_rows, token = top_candidates(restrict(log_probs, must_end), scores,
-                                                        slots, k)  # (n, C) each
+        log_probs, state, attn = model.decode_step(beams.prefix[:, -1], state, memory, need_attn,
+                                                   beams.row_slots())
+        must_end = (step >= max_lens[beams.alive] - 1)[beams.slots // beams.width]  # (rows,)
+        top_scores, source_rows, token = top_candidates(restrict(log_probs, must_end),
+                                                        beams.scores, beams.slots, k)  # (n, C) each
         if need_attn:
             attn_rows.append(attn.float())  # fp32 for callers, also under bf16 autocast
-        finished.add(alive, token, top_scores, source_rows, prefix, attn_rows)
-
-        # Continue with the best K candidates that did not end, in sentences not done.
-        rank = torch.where(token == EOS, token.size(1), 0) + torch.arange(token.size(1), device=device)
-        keep = rank.argsort(dim=-1)[:, :k]  # (n, K) positions of the best K non-EOS
-        next_scores = top_scores.gather(1, keep)
-        if margin is not None:
-            best = next_scores.max(1, keepdim=True).values
-            next_scores = next_scores.masked_fill(next_scores < best - margin, float("-inf"))
-        left = (~finished.done(alive, next_scores)).nonzero().squeeze(1)
+        finished.add(beams.alive, token, top_scores, source_rows, beams.prefix, attn_rows)
+        keep, next_scores = best_unfinished(token, top_scores, k, margin)
+        left = (~finished.done(beams.alive, next_scores)).nonzero().squeeze(1)
         if len(left) == 0:
             break
-        keep, live = keep[left], next_scores[left].isfinite()  # (n_left, K): slots with a row
-        rows = source_rows[left].gather(1, keep)[live]  # current rows that carry on
-        prefix = torch.cat([prefix[rows], token[left].gather(1, keep)[live].unsqueeze(1)], dim=1)
-        if need_attn:
-            attn_rows = [a[rows] for a in attn_rows]
-        # Rows of the survivors, among all current rows: drops done sentences and pruned
+        if len(left) < len(beams.alive):  # memory: one row per sentence, shared by its beams
+            memory = select_rows(memory, left)
+        beams, rows = beams.carry_on(left, keep, next_scores, token, source_rows)
+        # The survivors' rows among the current ones: drops done sentences and pruned
         # hypotheses, reorders beams.
         state = select_rows(state, rows)
-        if len(left) < len(alive):  # memory: one row per sentence, shared by its beams
-            memory = select_rows(memory, left)
-        scores, alive, width = next_scores[left], alive[left], keep.size(1)
-        slots = live.view(-1).nonzero().squeeze(1)
+        if need_attn:
+            attn_rows = [a[rows] for a in attn_rows]
     return finished.best()
+
+
+def best_unfinished(token: Tensor, top_scores: Tensor, k: int, margin: float | None
+                    ) -> tuple[Tensor, Tensor]:
+    """The best K candidates of each sentence that did not end: token, top_scores (n, C),
+    best first -> their positions (n, K) and scores (n, K). With a ``margin``, those more
+    than it below the sentence's best score -inf (pruned: they get no row)."""
+    positions = torch.arange(token.size(1), device=token.device)
+    rank = torch.where(token == EOS, token.size(1), 0) + positions  # EOS candidates last
+    keep = rank.argsort(dim=-1)[:, :k]
+    scores = top_scores.gather(1, keep)
+    if margin is not None:
+        best = scores.max(1, keepdim=True).values
+        scores = scores.masked_fill(scores < best - margin, float("-inf"))
+    return keep, scores
 
 
 def top_candidates(log_probs: Tensor, scores: Tensor, slots: Tensor, k: int
@@ -227,7 +261,8 @@ class Finished:
         self.nth_best = torch.full((len(max_lens),), float("-inf"), dtype=torch.float64,
                                    device=max_lens.device)
 
-    def add(self, alive, token, top_scores, source_rows, prefix, attn_rows) -> None:
+    def add(self, alive: Tensor, token: Tensor, top_scores: Tensor, source_rows: Tensor,
+            prefix: Tensor, attn_rows: list[Tensor] | None) -> None:
         """Move candidates ending in EOS among each sentence's top K to its list: tokens,
         top_scores, source_rows (n, C) from ``top_candidates``; prefix (rows, t)."""
         ended = (token[:, : self.k] == EOS) & top_scores[:, : self.k].isfinite()
