@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from nmt.attention import Scorer
+from nmt.attention import MultiHeadAttention, Scorer
 from nmt.errors import NMTError
 
 DIAGONAL_BAND = 2.0  # source pieces either side of the diagonal
@@ -152,7 +152,8 @@ def teacher_forced_weights(model: nn.Module, src: list[int], tgt: list[int]) -> 
         if not calls:
             continue
         calls = [w[0] if w.dim() == 4 else w[0].unsqueeze(0) for w in calls]  # (H, T', S)
-        if calls[0].size(-2) < batch.tgt_out.size(1):  # RNN: one call per target step
+        rows = batch.src.size(1) if kind == "encoder" else batch.tgt_out.size(1)  # the queries
+        if calls[0].size(-2) < rows:  # RNN: one call per target step
             out[kind] = torch.cat(calls, dim=-2).unsqueeze(0)
         else:  # Transformer: one call per layer
             out[kind] = torch.stack(calls)
@@ -178,3 +179,20 @@ def translation_attention(translator, line: str, translation, kind: str) -> tupl
         source = translator.tokenizer.pieces(src_ids) + ["</s>"]
         return weights[kind], source, source
     return weights[kind], translation.pieces + ["</s>"], ["<s>"] + translation.pieces
+
+
+def attention_layout(translator, kind: str) -> tuple[int, int]:
+    """(layers, heads) of the maps ``translation_attention`` gives of ``kind``, read from the
+    model before anything is decoded: (1, 1) for an RNN's one map and for CTranslate2's (the
+    last layer's mean over heads; cross-attention only)."""
+    if not hasattr(translator, "model"):  # CTranslate2 reports the cross-attention alone
+        if kind != "cross":
+            raise NMTError(f"--attention-kind {kind} needs the torch engine")
+        return 1, 1
+    modules = list(translator.model.named_modules())
+    kinds = dict.fromkeys(attention_kind(name) for name, m in modules if isinstance(m, Scorer))
+    if kind not in kinds:
+        raise NMTError(f"this model has no {kind} self-attention (only: {', '.join(kinds)})")
+    heads = [m.heads for name, m in modules
+             if isinstance(m, MultiHeadAttention) and attention_kind(name) == kind]  # one per layer
+    return (len(heads), heads[0]) if heads else (1, 1)

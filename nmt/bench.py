@@ -24,12 +24,14 @@ from nmt.data.module import TranslationDataModule, decoding_loader, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.engines import ENGINES
 from nmt.errors import NMTError
+from nmt.memory import peak_memory_mb
 from nmt.metrics import score_corpus
 from nmt.models import build_model
 from nmt.plots import save_lines
-from nmt.precision import autocast_dtype, trainer_precision, training_precision
+from nmt.precision import autocast_dtype, training_precision
 from nmt.search import max_output_lengths, restrict
-from nmt.training import TranslationModule, peak_rss_mb, quiet_lightning_noise
+from nmt.trainer import benchmark_trainer
+from nmt.training import TranslationModule
 from nmt.translator import Translator
 
 
@@ -86,15 +88,7 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     module = TranslationModule(model, data.tokenizer, config.optim, config.decoding, [], config.seed)
     timer = StepTimer(warmup)
     precision = training_precision(config)
-    flag, plugins = trainer_precision(precision, config.trainer.accelerator)  # as training's
-    quiet_lightning_noise()
-    trainer = L.Trainer(
-        max_steps=warmup + steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
-        accelerator=config.trainer.accelerator, devices=1,
-        precision=flag, plugins=plugins,
-        gradient_clip_val=config.trainer.gradient_clip_val,
-    )
+    trainer = benchmark_trainer(config, warmup + steps, [timer], precision)
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     trainer.fit(module, datamodule=datamodule)
     device = trainer.strategy.root_device
@@ -120,7 +114,7 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
         "mfu": round(achieved / precision_peak, 3),
         "fp32_peak_gflops": round(peak, 1),
         "fp32_peak_utilisation": round(achieved / peak, 3),
-        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "peak_rss_mb": round(peak_memory_mb(), 1),
         "threads": torch.get_num_threads(),
         "precision": trainer.precision,
         "precision_reason": precision.reason,
@@ -260,7 +254,7 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
         rows.append(_recompute_row(translator, corpus["src"]))
     return {"bench": "decode", "run": str(run_dir), "split": split, "sentences": len(corpus["src"]),
             "passes": repeat, "prune_margin": translator.config.decoding.prune_margin,
-            "rows": rows, "peak_rss_mb": round(peak_rss_mb(), 1),
+            "rows": rows, "peak_rss_mb": round(peak_memory_mb(), 1),
             **_speed_ratios(rows, translator.precision.precision)}
 
 
@@ -275,9 +269,9 @@ def _time_scorer(name: str, length: int, batch: int, heads: int, head_dim: int,
         context, _ = scorer.attend(q, scorer.prepare_keys(k), v, None, need_weights=False)
         context.sum().backward()
 
-    before = peak_rss_mb()
+    before = peak_memory_mb()
     step()  # warm-up; also reaches this size's peak memory
-    peak = peak_rss_mb() - before
+    peak = peak_memory_mb() - before
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

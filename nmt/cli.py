@@ -1,4 +1,4 @@
-"""Command line: ``nmt train | translate | evaluate | average | compare | bench | serve | export``.
+"""Command line: ``nmt train | prepare | translate | evaluate | average | compare | bench | serve | export``.
 
 Thin: parse, call, print. Errors a user can fix (bad input, missing files, unknown names)
 end with one line on stderr and exit status 1, never a traceback.
@@ -10,30 +10,39 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from nmt.allocator import keep_freed_memory
 from nmt.config import DECODING_PRECISIONS
 from nmt.errors import NMTError
 from nmt.files import write_atomic
 
-if TYPE_CHECKING:  # parsing needs no torch
-    from torch import Tensor
-
-# Named training flags -> the config key they set.
-TRAIN_FLAGS = {
-    "run_dir": "run_dir",
-    "max_epochs": "trainer.max_epochs",
-    "max_time": "trainer.max_time",
-    "train_lines": "data.train_lines",
-    "attention": "model.attention",
-    "src_lang": "data.src_lang",
-    "tgt_lang": "data.tgt_lang",
-    "seed": "seed",
-}
 # The scorers' names for --help, spelled out so that parsing needs no torch (nmt.attention.SCORERS;
 # a test keeps the two in step).
 SCORER_NAMES = ("additive", "additive_deep", "dot", "general", "scaled_dot", "symmetric")
+# The training flags that train, prepare, compare and bench train share:
+# flag -> (the config key it sets, its type, its --help).
+TRAIN_FLAGS = {
+    "run_dir": ("run_dir", str, "output folder (default checkpoints/<name>)"),
+    "max_epochs": ("trainer.max_epochs", int, None),
+    "max_time": ("trainer.max_time", str, "HH:MM:SS wall-clock limit"),
+    "train_lines": ("data.train_lines", int, "train on the first N lines"),
+    "attention": ("model.attention", str, " | ".join(SCORER_NAMES)),
+    "src_lang": ("data.src_lang", str, None),
+    "tgt_lang": ("data.tgt_lang", str, None),
+    "seed": ("seed", int, None),
+}
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for a count that must be at least 1 (steps, seeds, sentences)."""
+    if not (text.isdecimal() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got '{text}'")
+    return int(text)
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse type for comma-separated counts, e.g. beam sizes 1,5."""
+    return [positive_int(part) for part in text.split(",")]
 
 
 def dotted_overrides(extra: list[str]) -> list[str]:
@@ -56,11 +65,11 @@ def dotted_overrides(extra: list[str]) -> list[str]:
 
 def named_overrides(args: argparse.Namespace) -> list[str]:
     """The named training flags given, as config overrides (quoted: "no" stays a string)."""
-    return [f"{key}={json.dumps(str(value))}" for flag, key in TRAIN_FLAGS.items()
+    return [f"{key}={json.dumps(str(value))}" for flag, (key, _, _) in TRAIN_FLAGS.items()
             if (value := getattr(args, flag, None)) is not None]
 
 
-def cmd_compare(args: argparse.Namespace, extra: list[str]) -> None:
+def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> None:
     from nmt.compare import load_compare_config, run_compare
 
     if args.jobs < 1:
@@ -72,31 +81,30 @@ def cmd_compare(args: argparse.Namespace, extra: list[str]) -> None:
         from nmt.study_cost import measure_cost
 
         measure_cost(cfg, args.preset, out)
-    run_compare(cfg, args.preset, out, runs, named_overrides(args) + dotted_overrides(extra),
-                seeds=args.seeds, train=not (args.tables_only or args.cost), workers=args.jobs)
+    run_compare(cfg, args.preset, out, runs, overrides, seeds=args.seeds,
+                train=not (args.tables_only or args.cost), workers=args.jobs)
 
 
-def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
+def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
     from nmt.config import load_config
     from nmt.data.prepare import prepare
 
-    config = load_config(args.config, named_overrides(args) + dotted_overrides(extra))
+    config = load_config(args.config, overrides)
     print(f"prepared corpus: {prepare(config.data)}")
 
 
-def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
+def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from nmt.config import load_config
     from nmt.training import train
 
-    config = load_config(args.config, named_overrides(args) + dotted_overrides(extra))
+    config = load_config(args.config, overrides)
     run_dir = train(config)
     print(f"run directory: {run_dir}")
 
 
 def read_lines(path: str | None) -> list[str]:
-    """Input lines as text; a line that is not UTF-8 is an error naming it."""
-    if path is not None and not Path(path).is_file():
-        raise NMTError(f"input file not found: {path}")
+    """Input lines as text, from a file, a pipe such as /dev/stdin, or stdin; a line that is
+    not UTF-8 is an error naming it."""
     try:
         raw = Path(path).read_bytes() if path else sys.stdin.buffer.read()
     except OSError as err:
@@ -138,19 +146,18 @@ def parse_margin(text: str) -> float | None:
     return margin
 
 
-def margin_name(margin: float | None) -> str:
-    """A prune margin in a file name: none, 3, 2.5."""
-    return "none" if margin is None else f"{margin:g}"
-
-
 def cmd_translate(args: argparse.Namespace) -> None:
     from nmt.translator import moses_nbest
 
     translator = open_translator(args)
-    lines = read_lines(args.input)
     need_attn = args.plot_attention is not None
+    if need_attn:
+        check_plot_options(translator, args)
+    lines = read_lines(args.input)
     results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn)
     if need_attn:
+        from nmt.plots import plot_attention
+
         plot_attention(translator, lines, results, args.plot_attention, args.attention_kind,
                        args.attention_layer, args.attention_head)
     if args.nbest > 1:
@@ -164,94 +171,33 @@ def cmd_translate(args: argparse.Namespace) -> None:
         sys.stdout.write(output)
 
 
-def plot_attention(translator, lines: list[str], results, folder: str, kind: str, layer: int,
-                   head: str) -> None:
-    """One heatmap PNG per input line (its best translation): <folder>/<line number>.png,
-    of the cross-attention or (Transformer) the encoder or decoder self-attention."""
-    from nmt.attention_stats import translation_attention
-    from nmt.plots import save_attention_grid
+def check_plot_options(translator, args: argparse.Namespace) -> None:
+    """The --plot-attention options, checked against the model before anything is translated
+    (a bad one fails at once, not after the whole input); makes the pictures' folder."""
+    from nmt.attention_stats import attention_layout
+    from nmt.plots import check_attention_choice
 
-    if head not in ("mean", "all") and not head.isdigit():
-        raise NMTError(f"--attention-head must be mean, all or a head number, got '{head}'")
-    if kind != "cross" and not hasattr(translator, "model"):
-        raise NMTError(f"--attention-kind {kind} needs the torch engine")
-    for number, (line, hyps) in enumerate(zip(lines, results), start=1):
-        best = hyps[0]
-        if best.attention is None:  # empty input line: nothing to draw
-            continue
-        weights, rows, columns = translation_attention(translator, line, best, kind)  # (L, H, T, S)
-        panels = attention_panels(weights, f"line {number}, {kind}", layer, head)
-        save_attention_grid(Path(folder) / f"{number:04d}.png",
-                            [(title, w, columns, rows) for title, w in panels])
-
-
-def attention_panels(weights: Tensor, title: str, layer: int, head: str) -> list[tuple[str, Tensor]]:
-    """(title, (T, S) weights) per panel: ``layer``'s mean over heads, one head, or each head.
-    An RNN, and CTranslate2 (the last layer's mean over heads), give one map: (1, 1, T, S)."""
-    layers, heads = weights.shape[:2]
-    if (layers, heads) == (1, 1):
-        if layer not in (0, -1) or head not in ("mean", "all", "0"):
-            raise NMTError("this model gives one attention map (an RNN's, or CTranslate2's mean of "
-                           "the last layer's heads): no --attention-layer or --attention-head to pick")
-        return [(title, weights[0, 0])]
-    if not -layers <= layer < layers or (head.isdigit() and int(head) >= heads):
-        raise NMTError(f"no attention layer {layer} / head {head} in this model: it has {layers} "
-                       f"layer{'s' * (layers != 1)} and {heads} head{'s' * (heads != 1)}, counted "
-                       "from 0 (layer -1 is the last)")
-    per_head = weights[layer]  # (H, T, S)
-    where = f"{title}, layer {layer % layers}, " if layers > 1 else f"{title}, "
-    if head == "mean":
-        return [(where + "mean of heads", per_head.mean(0))]
-    chosen = range(heads) if head == "all" else [int(head)]
-    return [(where + f"head {h}", per_head[h]) for h in chosen]
-
-
-def eval_file_stem(args: argparse.Namespace, beam: int, prune_margin: float | None) -> str:
-    """RUN/eval/<stem>.{hyp,json}: the split and beam, then each decoding option given on the
-    command line, so a non-default decoding never overwrites the default one's files."""
-    parts = [f"{args.split}.beam{beam}"]
-    if args.weights:
-        parts.append(Path(args.weights).stem)
-    if args.alpha is not None:
-        parts.append(f"alpha{args.alpha:g}")
-    if args.precision:
-        parts.append(args.precision)
-    if args.prune_margin:
-        parts.append(f"prune-{margin_name(prune_margin)}")
-    return ".".join(parts)
-
-
-def weights_name(run_dir: Path, checkpoint: Path) -> str:
-    """The weights file evaluate decoded with: relative to the run directory where inside it."""
-    path, run_dir = checkpoint.resolve(), run_dir.resolve()
-    return str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else str(path)
+    layers, heads = attention_layout(translator, args.attention_kind)
+    check_attention_choice(layers, heads, args.attention_layer, args.attention_head)
+    try:
+        Path(args.plot_attention).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise NMTError(f"--plot-attention {args.plot_attention}: cannot make a folder there "
+                       f"({err.strerror})") from None
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from nmt.data.corpus import load_corpus
-    from nmt.metrics import score_corpus
-    from nmt.translator import decoding_options
+    from nmt.evaluate import eval_file_stem, evaluate_split, margin_name, write_evaluation
 
     translator = open_translator(args)
-    corpus = load_corpus(translator.config.data)
-    if args.split not in corpus:
-        raise NMTError(f"split '{args.split}' not in the corpus; available: {', '.join(corpus)}")
-    sources, references = corpus[args.split]["src"], corpus[args.split]["tgt"]
-    beam, alpha = decoding_options(translator.config.decoding, args.beam, 1, args.alpha)
-    hyps = [h[0].text for h in translator.translate(list(sources), beam, 1, alpha)]
-    scores = score_corpus(hyps, list(references))
-    scores.update(split=args.split, beam=beam, alpha=alpha)
-    if args.engine == "torch":
-        scores.update(precision=translator.precision.precision,
-                      prune_margin=translator.config.decoding.prune_margin,
-                      weights=weights_name(Path(args.checkpoint), translator.checkpoint))
-    out = Path(args.checkpoint) / "eval"
-    name = eval_file_stem(args, beam, translator.config.decoding.prune_margin)
-    write_atomic(out / f"{name}.hyp", "".join(h + "\n" for h in hyps))
-    write_atomic(out / f"{name}.json", json.dumps(scores, indent=2) + "\n")
+    run_dir = Path(args.checkpoint)
+    hyps, scores = evaluate_split(translator, run_dir, args.split, args.beam, args.alpha)
+    margin = margin_name(translator.config.decoding.prune_margin) if args.prune_margin else None
+    stem = eval_file_stem(args.split, scores["beam"], args.weights, args.alpha, args.precision, margin)
+    write_evaluation(run_dir / "eval", stem, hyps, scores)
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}")
-    print(f"hypotheses and scores written to {out}/")
+    print(f"hypotheses and scores written to {run_dir / 'eval'}/")
 
 
 def cmd_average(args: argparse.Namespace) -> None:
@@ -293,47 +239,63 @@ def print_table(rows: list[dict]) -> None:
         print("| " + " | ".join("" if row.get(k) is None else str(row[k]) for k in keys) + " |")
 
 
-def cmd_bench(args: argparse.Namespace, extra: list[str]) -> None:
-    from nmt import bench
+def print_summary(summary: dict) -> None:
+    """A one-row table of a bench's numbers (less its name)."""
+    print_table([{k: v for k, v in summary.items() if k != "bench"}])
 
-    if args.what == "train":
-        from nmt.config import load_config
 
-        config = load_config(args.config, named_overrides(args) + dotted_overrides(extra))
-        summary = bench.bench_train(config, args.steps, args.warmup)
-        print_table([{k: v for k, v in summary.items() if k != "bench"}])
-    elif args.what == "data":
-        from nmt.data.benchmark import bench_data
+def cmd_bench_train(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nmt.bench import bench_train
+    from nmt.config import load_config
 
-        summary = bench_data(args.pairs, args.config, Path(args.dir), args.steps, args.join,
-                             dotted_overrides(extra))
-        print_table([{k: v for k, v in summary.items() if k != "bench"}])
-    elif extra:
-        raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
-    elif args.what == "attention":
-        summary = bench.bench_attention(args.max_len, args.batch, args.heads, args.head_dim,
-                                        plot=args.plot)
-        print_table(summary["rows"])
-        print_table([{"scorer": k, "time_exponent": v["time"], "memory_exponent": v["memory"]}
-                     for k, v in summary["exponents"].items()])
-    else:
-        beams = [int(b) for b in args.beam.split(",")]
-        precisions = tuple(args.precision.split(","))
-        unknown = [p for p in precisions if p not in DECODING_PRECISIONS]
-        if unknown:
-            raise NMTError(f"unknown precision '{unknown[0]}'; choose from: "
-                           f"{', '.join(DECODING_PRECISIONS)}")
-        if args.repeat < 1:
-            raise NMTError(f"--repeat must be at least 1, got {args.repeat}")
-        summary = bench.bench_decode(args.checkpoint, beams, args.split, args.limit,
-                                     engines=tuple(args.engine.split(",")), precisions=precisions,
-                                     repeat=args.repeat)
-        print_table(summary["rows"])
+    summary = bench_train(load_config(args.config, overrides), args.steps, args.warmup)
+    print_summary(summary)
+    print(json.dumps(summary))
+
+
+def cmd_bench_data(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nmt.bench_data import bench_data
+
+    summary = bench_data(args.pairs, args.config, Path(args.dir), args.steps, args.join, overrides)
+    print_summary(summary)
+    print(json.dumps(summary))
+
+
+def cmd_bench_attention(args: argparse.Namespace) -> None:
+    # The bench times lengths 16, 32, 64, ... up to --max-len; a growth exponent needs two.
+    if args.max_len < 32:
+        raise NMTError(f"--max-len must be at least 32 (lengths 16, 32, ...), got {args.max_len}")
+    from nmt.bench import bench_attention
+
+    summary = bench_attention(args.max_len, args.batch, args.heads, args.head_dim, plot=args.plot)
+    print_table(summary["rows"])
+    print_table([{"scorer": k, "time_exponent": v["time"], "memory_exponent": v["memory"]}
+                 for k, v in summary["exponents"].items()])
+    print(json.dumps(summary))
+
+
+def cmd_bench_decode(args: argparse.Namespace) -> None:
+    from nmt.bench import bench_decode
+
+    precisions = tuple(args.precision.split(","))
+    unknown = [p for p in precisions if p not in DECODING_PRECISIONS]
+    if unknown:
+        raise NMTError(f"unknown precision '{unknown[0]}'; choose from: "
+                       f"{', '.join(DECODING_PRECISIONS)}")
+    if args.repeat < 1:
+        raise NMTError(f"--repeat must be at least 1, got {args.repeat}")
+    summary = bench_decode(args.checkpoint, args.beam, args.split, args.limit,
+                           engines=tuple(args.engine.split(",")), precisions=precisions,
+                           repeat=args.repeat)
+    print_table(summary["rows"])
     print(json.dumps(summary))
 
 
 def parser() -> argparse.ArgumentParser:
+    """The parser tree. Each command's parser names the function that runs it (``run_command``)
+    and whether it takes config overrides, ``--section.key VALUE`` (``takes_overrides``)."""
     top = argparse.ArgumentParser(prog="nmt", description=__doc__.splitlines()[0])
+    top.set_defaults(takes_overrides=False)
     sub = top.add_subparsers(dest="command", required=True)
     for add_command in (add_train, add_prepare, add_decoding, add_serve, add_export, add_average,
                         add_compare, add_bench):
@@ -341,34 +303,37 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def add_train_flags(command: argparse.ArgumentParser, flags: tuple[str, ...]) -> None:
+    """``flags`` from TRAIN_FLAGS, in this order, each with its type and help."""
+    for flag in flags:
+        _, kind, help_text = TRAIN_FLAGS[flag]
+        command.add_argument("--" + flag.replace("_", "-"), type=kind, help=help_text)
+
+
 def add_train(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a model (resumes if the run directory has one)",
                            epilog="Any config key can be set as --section.key VALUE, "
                                   "e.g. --trainer.strategy ddp --trainer.devices 2.")
+    train.set_defaults(run_command=cmd_train, takes_overrides=True)
     train.add_argument("--config", help="YAML config, e.g. configs/transformer.yaml")
-    train.add_argument("--run-dir", help="output folder (default checkpoints/<name>)")
-    train.add_argument("--max-epochs", type=int)
-    train.add_argument("--max-time", help="HH:MM:SS wall-clock limit")
-    train.add_argument("--train-lines", type=int, help="train on the first N lines")
-    train.add_argument("--attention", help=" | ".join(SCORER_NAMES))
-    train.add_argument("--src-lang")
-    train.add_argument("--tgt-lang")
-    train.add_argument("--seed", type=int)
+    add_train_flags(train, tuple(TRAIN_FLAGS))
 
 
 def add_prepare(sub: argparse._SubParsersAction) -> None:
     prepare = sub.add_parser("prepare", help="check, tokenize and cache a corpus (train does it "
                              "too when needed)", epilog="Any config key: --section.key VALUE.")
+    prepare.set_defaults(run_command=cmd_prepare, takes_overrides=True)
     prepare.add_argument("--config", help="YAML config, e.g. configs/transformer.yaml")
-    for flag in ("train_lines", "src_lang", "tgt_lang"):
-        prepare.add_argument("--" + flag.replace("_", "-"), type=int if flag == "train_lines" else str)
+    add_train_flags(prepare, ("train_lines", "src_lang", "tgt_lang"))
 
 
 def add_decoding(sub: argparse._SubParsersAction) -> None:
     """``translate`` and ``evaluate``, which share the decoding options."""
-    for name, help_text in (("translate", "translate lines from stdin or a file"),
-                            ("evaluate", "BLEU and chrF of a run on a corpus split")):
+    for name, help_text, command in (
+            ("translate", "translate lines from stdin or a file", cmd_translate),
+            ("evaluate", "BLEU and chrF of a run on a corpus split", cmd_evaluate)):
         p = sub.add_parser(name, help=help_text)
+        p.set_defaults(run_command=command)
         p.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
         p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
         p.add_argument("--alpha", type=float, default=None, help="GNMT length penalty")
@@ -398,6 +363,7 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="translate over HTTP, with a web page of the attention")
+    serve.set_defaults(run_command=cmd_serve)
     serve.add_argument("--checkpoint", required=True, nargs="+",
                        help="run directories (exported models with --engine ctranslate2)")
     serve.add_argument("--host", default="127.0.0.1", help="127.0.0.1, 0.0.0.0 or ::")
@@ -413,6 +379,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 
 def add_export(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="convert a Transformer run for another inference engine")
+    export.set_defaults(run_command=cmd_export)
     export.add_argument("--checkpoint", required=True, help="run directory")
     export.add_argument("--format", default="ctranslate2", help="ctranslate2")
     export.add_argument("--quantization", default="float32", help="float32 | int8")
@@ -421,6 +388,7 @@ def add_export(sub: argparse._SubParsersAction) -> None:
 
 def add_average(sub: argparse._SubParsersAction) -> None:
     average = sub.add_parser("average", help="average the weights of a run's last checkpoints")
+    average.set_defaults(run_command=cmd_average)
     average.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
     average.add_argument("--last", type=int, help="the last N kept checkpoints (default all)")
     average.add_argument("--out", help="output file (default RUN/averaged.ckpt)")
@@ -429,9 +397,11 @@ def add_average(sub: argparse._SubParsersAction) -> None:
 def add_compare(sub: argparse._SubParsersAction) -> None:
     compare = sub.add_parser("compare", help="the attention study: families x scorers x seeds",
                              epilog="Other config keys apply to every cell: --section.key VALUE.")
+    compare.set_defaults(run_command=cmd_compare, takes_overrides=True)
     compare.add_argument("--config", default="configs/compare.yaml")
     compare.add_argument("--preset", default="quick", help="quick | full | study (see the config)")
-    compare.add_argument("--seeds", type=int, help="seeds per cell in every group (default: the preset's)")
+    compare.add_argument("--seeds", type=positive_int,
+                         help="seeds per cell in every group (default: the preset's)")
     compare.add_argument("--out", help="records, tables and figures (default study/<preset>)")
     compare.add_argument("--runs", help="the cells' run directories (default checkpoints/study/<preset>)")
     compare.add_argument("--tables-only", action="store_true",
@@ -442,10 +412,7 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("--jobs", type=int, default=1,
                          help="cells trained at once, each in its own process with an equal share of "
                               "the CPU threads (for a GPU that one small cell leaves idle; default 1)")
-    compare.add_argument("--train-lines", type=int)
-    compare.add_argument("--max-epochs", type=int)
-    compare.add_argument("--src-lang")
-    compare.add_argument("--tgt-lang")
+    add_train_flags(compare, ("train_lines", "max_epochs", "src_lang", "tgt_lang"))
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -457,21 +424,21 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 
 def add_bench_train(what: argparse._SubParsersAction) -> None:
     bench_train = what.add_parser("train", help="training tokens/s, FLOPs and utilisation")
+    bench_train.set_defaults(run_command=cmd_bench_train, takes_overrides=True)
     bench_train.add_argument("--config", required=True)
-    bench_train.add_argument("--steps", type=int, default=30, help="timed optimizer steps")
+    bench_train.add_argument("--steps", type=positive_int, default=30, help="timed optimizer steps")
     bench_train.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    for flag in ("train_lines", "src_lang", "tgt_lang", "seed"):
-        bench_train.add_argument("--" + flag.replace("_", "-"),
-                                 type=int if flag in ("train_lines", "seed") else str)
-    bench_train.add_argument("--attention", help=" | ".join(SCORER_NAMES))
+    add_train_flags(bench_train, ("train_lines", "src_lang", "tgt_lang", "seed", "attention"))
 
 
 def add_bench_decode(what: argparse._SubParsersAction) -> None:
     bench_decode = what.add_parser("decode", help="greedy and beam search speed on a split")
+    bench_decode.set_defaults(run_command=cmd_bench_decode)
     bench_decode.add_argument("--checkpoint", required=True, help="run directory")
-    bench_decode.add_argument("--beam", default="1,5", help="comma-separated beam sizes")
+    bench_decode.add_argument("--beam", type=positive_ints, default="1,5",
+                              help="comma-separated beam sizes")
     bench_decode.add_argument("--split", default="test")
-    bench_decode.add_argument("--limit", type=int, help="first N sentences only")
+    bench_decode.add_argument("--limit", type=positive_int, help="first N sentences only")
     bench_decode.add_argument("--repeat", type=int, default=3,
                               help="timed passes per setting, taken in turn; the fastest counts")
     bench_decode.add_argument("--engine", default="torch",
@@ -484,10 +451,11 @@ def add_bench_decode(what: argparse._SubParsersAction) -> None:
 def add_bench_data(what: argparse._SubParsersAction) -> None:
     bench_data = what.add_parser("data", help="prepare and training start-up on a synthetic "
                                  "corpus of N pairs", epilog="Config keys: --section.key VALUE.")
-    bench_data.add_argument("--pairs", type=int, default=100_000)
+    bench_data.set_defaults(run_command=cmd_bench_data, takes_overrides=True)
+    bench_data.add_argument("--pairs", type=positive_int, default=100_000)
     bench_data.add_argument("--config", default="configs/transformer.yaml")
-    bench_data.add_argument("--steps", type=int, default=5, help="timed training steps")
-    bench_data.add_argument("--join", type=int, default=1,
+    bench_data.add_argument("--steps", type=positive_int, default=5, help="timed training steps")
+    bench_data.add_argument("--join", type=positive_int, default=1,
                             help="Multi30k pairs per line (2: ~25 words a side, like WMT)")
     bench_data.add_argument("--dir", default="results/bench_data",
                             help="where the corpus and its prepared folder go")
@@ -495,10 +463,11 @@ def add_bench_data(what: argparse._SubParsersAction) -> None:
 
 def add_bench_attention(what: argparse._SubParsersAction) -> None:
     bench_attention = what.add_parser("attention", help="each scorer's cost as length grows")
+    bench_attention.set_defaults(run_command=cmd_bench_attention)
     bench_attention.add_argument("--max-len", type=int, default=1024)
-    bench_attention.add_argument("--batch", type=int, default=2)
-    bench_attention.add_argument("--heads", type=int, default=4)
-    bench_attention.add_argument("--head-dim", type=int, default=32)
+    bench_attention.add_argument("--batch", type=positive_int, default=2)
+    bench_attention.add_argument("--heads", type=positive_int, default=4)
+    bench_attention.add_argument("--head-dim", type=positive_int, default=32)
     bench_attention.add_argument("--plot", default="results/bench_attention.png",
                                  help="log-log plot of time against length")
 
@@ -507,28 +476,18 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser().parse_known_args(argv)
     keep_freed_memory()
     try:
-        if args.command == "train":
-            cmd_train(args, extra)
-        elif args.command == "prepare":
-            cmd_prepare(args, extra)
-        elif args.command == "bench":
-            cmd_bench(args, extra)
-        elif args.command == "compare":
-            cmd_compare(args, extra)
+        if args.takes_overrides:
+            args.run_command(args, named_overrides(args) + dotted_overrides(extra))
         elif extra:
             raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
-        elif args.command == "translate":
-            cmd_translate(args)
-        elif args.command == "serve":
-            cmd_serve(args)
-        elif args.command == "export":
-            cmd_export(args)
-        elif args.command == "average":
-            cmd_average(args)
         else:
-            cmd_evaluate(args)
+            args.run_command(args)
     except NMTError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a file named on the command line that cannot be read or written
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -29,7 +29,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.config import load_config, to_dict
+from nmt.config import ADDED_SINCE, load_config, to_dict
 from nmt.errors import NMTError
 
 
@@ -136,12 +136,6 @@ def cell_overrides(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]
 # valid when such an option is added.
 NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar",),
               "data": ("hub_streaming",), "decoding": ("precision",)}
-# Options added after cells were recorded, and the value that does what those cells did: at
-# that value an option is left out of the key, so the recorded cells stay valid (the study
-# preset pins it there).
-ADDED_SINCE = {"decoding": {"prune_margin": None}, "trainer": {"best_metric": "val_bleu"},
-               "model": {"embed_init": "unit"},
-               "optim": {"long_run_dropout": None, "long_run_epochs": 12.0}}
 
 
 def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
@@ -150,6 +144,9 @@ def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
     for section, keys in NOT_IN_KEY.items():
         for key in keys:
             (resolved[section] if section else resolved).pop(key, None)
+    # An option added after cells were recorded is left out of the key at the value that does
+    # what those cells did (ADDED_SINCE), so the recorded cells stay valid (the study preset
+    # pins it there).
     for section, options in ADDED_SINCE.items():
         for key, old_value in options.items():
             if resolved[section].get(key) == old_value:

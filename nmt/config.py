@@ -47,14 +47,14 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
-    schedule: str = "inverse_sqrt"  # see nmt.training.SCHEDULES
+    schedule: str = "inverse_sqrt"  # see nmt.schedules.SCHEDULERS
     warmup_steps: int = 1000  # inverse_sqrt and cosine
     plateau_factor: float = 0.5  # plateau: lr *= factor when validation BLEU stalls
     plateau_patience: int = 1
     min_lr: float = 1e-6  # plateau's lower bound; cosine's floor at the end of the budget
-    ema_decay: float = 0.0  # > 0: evaluate and save an EMA of the weights (nmt.training.WeightEMA)
+    ema_decay: float = 0.0  # > 0: evaluate and save an EMA of the weights (nmt.callbacks.WeightEMA)
     # A run whose budget buys at least long_run_epochs epochs trains with model.dropout for one
-    # epoch, then with long_run_dropout (nmt.training.DropoutForBudget); null: model.dropout only
+    # epoch, then with long_run_dropout (nmt.callbacks.DropoutForBudget); null: model.dropout only
     long_run_dropout: float | None = None
     long_run_epochs: float = 12.0
 
@@ -75,7 +75,7 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1
     val_check_interval: Any = 1.0  # 1.0: validate and checkpoint once per epoch; N: every N batches
     log_every_n_steps: int = 50
-    # The validation metric that picks best.ckpt and stops early (nmt.training.BEST_METRICS):
+    # The validation metric that picks best.ckpt and stops early (nmt.trainer.BEST_METRICS):
     # val_loss, or val_bleu (greedy; it picked checkpoints before the end of a cosine schedule
     # that decoded worse with beam search, docs/performance.md)
     best_metric: str = "val_loss"
@@ -135,6 +135,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise NMTError(f"bad config: {str(err).splitlines()[0]}") from None
+
+
+# Options added after runs were trained whose built-in default differs from what those runs
+# did, and the value that does what they did: a resumed run's saved config.yaml and a
+# study's recorded cells lack them and mean that value (nmt.resume, nmt.compare).
+ADDED_SINCE = {"decoding": {"prune_margin": None}, "trainer": {"best_metric": "val_bleu"},
+               "model": {"embed_init": "unit"},
+               "optim": {"long_run_dropout": None, "long_run_epochs": 12.0}}
 
 
 def to_dict(config: Config) -> dict:

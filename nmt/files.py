@@ -1,23 +1,35 @@
-"""Atomic text writes: a file is either its old self or completely the new one."""
+"""Atomic writes: a file is either its old self or completely the new one."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from nmt.errors import NMTError
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to, renamed over ``path`` when the block ends
+    without error; removed otherwise, so no half-written file is left behind."""
     path = Path(path)
     if path.is_dir():
         raise NMTError(f"output {path} is a directory")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
+        yield tmp
         os.replace(tmp, path)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise NMTError(f"cannot write {path}: {err.strerror}") from None
+    finally:
+        with suppress(OSError):  # where the folder could not be made, there is no file either
+            tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")

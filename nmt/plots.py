@@ -11,6 +11,9 @@ matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from nmt.attention_stats import translation_attention  # noqa: E402
+from nmt.errors import NMTError  # noqa: E402
+
 EOS_PIECE = "</s>"
 
 
@@ -50,6 +53,51 @@ def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[s
             draw_attention(ax, panel[1], panel[2], panel[3], panel[0])
     fig.tight_layout()
     _save(fig, path)
+
+
+def check_attention_choice(layers: int, heads: int, layer: int, head: str) -> None:
+    """``layer`` and ``head`` (mean, all or a head number) must pick from a model's ``layers`` x
+    ``heads`` attention maps; one map (an RNN's, or CTranslate2's) leaves nothing to pick."""
+    if head not in ("mean", "all") and not head.isdigit():
+        raise NMTError(f"--attention-head must be mean, all or a head number, got '{head}'")
+    if (layers, heads) == (1, 1):
+        if layer not in (0, -1) or head not in ("mean", "all", "0"):
+            raise NMTError("this model gives one attention map (an RNN's, or CTranslate2's mean of "
+                           "the last layer's heads): no --attention-layer or --attention-head to pick")
+    elif not -layers <= layer < layers or (head.isdigit() and int(head) >= heads):
+        raise NMTError(f"no attention layer {layer} / head {head} in this model: it has {layers} "
+                       f"layer{'s' * (layers != 1)} and {heads} head{'s' * (heads != 1)}, counted "
+                       "from 0 (layer -1 is the last)")
+
+
+def attention_panels(weights: Tensor, title: str, layer: int, head: str) -> list[tuple[str, Tensor]]:
+    """(title, (T, S) weights) per panel: ``layer``'s mean over heads, one head, or each head.
+    An RNN, and CTranslate2 (the last layer's mean over heads), give one map: (1, 1, T, S)."""
+    layers, heads = weights.shape[:2]
+    check_attention_choice(layers, heads, layer, head)
+    if (layers, heads) == (1, 1):
+        return [(title, weights[0, 0])]
+    per_head = weights[layer]  # (H, T, S)
+    where = f"{title}, layer {layer % layers}, " if layers > 1 else f"{title}, "
+    if head == "mean":
+        return [(where + "mean of heads", per_head.mean(0))]
+    chosen = range(heads) if head == "all" else [int(head)]
+    return [(where + f"head {h}", per_head[h]) for h in chosen]
+
+
+def plot_attention(translator, lines: list[str], results, folder: str | Path, kind: str, layer: int,
+                   head: str) -> None:
+    """One heatmap PNG per input line (its best translation): <folder>/<line number>.png,
+    of the cross-attention or (Transformer) the encoder or decoder self-attention.
+    ``nmt.attention_stats.attention_layout`` tells which ``kind``, ``layer`` and ``head`` exist."""
+    for number, (line, hyps) in enumerate(zip(lines, results), start=1):
+        best = hyps[0]
+        if best.attention is None:  # empty input line: nothing to draw
+            continue
+        weights, rows, columns = translation_attention(translator, line, best, kind)  # (L, H, T, S)
+        panels = attention_panels(weights, f"line {number}, {kind}", layer, head)
+        save_attention_grid(Path(folder) / f"{number:04d}.png",
+                            [(title, w, columns, rows) for title, w in panels])
 
 
 def save_bar_chart(path: str | Path, labels: list[str], means: list[float], stds: list[float],

@@ -21,8 +21,8 @@ from sacrebleu.metrics import BLEU
 
 from nmt.attention_stats import attention_statistics, teacher_forced_weights
 from nmt.data.batching import PairDataset
-from nmt.data.corpus import load_corpus
 from nmt.data.module import decoding_loader
+from nmt.evaluate import best_translations, split_pairs
 from nmt.files import write_atomic
 from nmt.metrics import score_corpus
 from nmt.provenance import code_commit, device_name
@@ -47,10 +47,9 @@ def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
     """Decode the test split (in fp32 on every machine, so that records compare), measure
     the attention, write the record and hypotheses."""
     translator = Translator.from_run_dir(run_dir, precision="32-true")
-    test = load_corpus(translator.config.data)["test"]
-    sources, references = list(test["src"]), list(test["tgt"])
+    sources, references = split_pairs(translator.config.data, "test")
     start = time.perf_counter()
-    hyps = [h[0].text for h in translator.translate(sources, beam_size=cfg.beam)]
+    hyps = best_translations(translator, sources, cfg.beam)
     seconds = time.perf_counter() - start
     record = {
         "cell": asdict(cell), "name": cell.name, "preset": preset, "key": key,
@@ -62,7 +61,8 @@ def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
         "decode_sent_per_s": round(len(sources) / seconds, 1),
         "weights": translator.checkpoint.name,  # best.ckpt, or averaged.ckpt where training chose it
         "provenance": provenance(run_dir),
-        "attention_stats": attention_statistics(translator.model, test_batches(translator, test)),
+        "attention_stats": attention_statistics(translator.model,
+                                                test_batches(translator, sources, references)),
         "pictures": pictures(translator, sources, cfg.plot_sentences, cfg.beam),
     }
     write_atomic(record_dir / HYPOTHESES, "".join(h + "\n" for h in hyps))
@@ -70,11 +70,11 @@ def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
     return record
 
 
-def test_batches(translator: Translator, test) -> list:
+def test_batches(translator: Translator, sources: list[str], references: list[str]) -> list:
     """The test pairs as teacher-forcing batches (source and reference ids)."""
     tokenizer, limit = translator.tokenizer, translator.model.max_positions - 2
-    src = [ids[:limit] for ids in tokenizer.encode(list(test["src"]))]
-    tgt = [ids[:limit] for ids in tokenizer.encode(list(test["tgt"]))]
+    src = [ids[:limit] for ids in tokenizer.encode(sources)]
+    tgt = [ids[:limit] for ids in tokenizer.encode(references)]
     return list(decoding_loader(PairDataset(src, tgt), translator.config.data.eval_max_tokens))
 
 

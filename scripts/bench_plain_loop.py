@@ -39,7 +39,7 @@ from nmt.data.batching import Batch, TokenBatchSampler
 from nmt.data.module import prepare_data, split_dataset
 from nmt.data.tokenizer import PAD
 from nmt.models import build_model
-from nmt.training import inverse_sqrt, warmup_cosine
+from nmt.schedules import inverse_sqrt, warmup_cosine
 
 
 def first_batches(config: Config, count: int) -> tuple[list[Batch], int]:

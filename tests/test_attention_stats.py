@@ -4,6 +4,7 @@ every kind from a teacher-forced pass, and the self-attention pictures of ``tran
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +12,12 @@ from torch import nn
 
 from nmt import plots
 from nmt.attention import Scorer, build_scorer
-from nmt.attention_stats import AttentionRecorder, teacher_forced_weights, translation_attention
+from nmt.attention_stats import (
+    AttentionRecorder,
+    attention_layout,
+    teacher_forced_weights,
+    translation_attention,
+)
 from nmt.cli import main
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError
@@ -59,18 +65,37 @@ def test_every_scorer_is_seen_and_released():
 
 
 @pytest.mark.parametrize("family", ["rnn", "transformer"])
-def test_teacher_forced_weights_shapes_and_causality(family):
+@pytest.mark.parametrize("src,tgt", [([5, 6, 7, 8], [9, 10]), ([5, 6], [9, 10, 11, 12])])
+def test_teacher_forced_weights_shapes_and_causality(family, src, tgt):
+    """Shapes hold whichever side is longer (S and T include EOS)."""
     model = tiny_model(family, "scaled_dot")
-    weights = teacher_forced_weights(model, [5, 6, 7, 8], [9, 10])  # S = 5, T = 3 with EOS
+    weights = teacher_forced_weights(model, src, tgt)
+    s, t = len(src) + 1, len(tgt) + 1
     layers, heads = (1, 1) if family == "rnn" else (2, 4)
-    assert weights["cross"].shape == (layers, heads, 3, 5)
-    torch.testing.assert_close(weights["cross"].sum(-1), torch.ones(layers, heads, 3))
+    assert weights["cross"].shape == (layers, heads, t, s)
+    torch.testing.assert_close(weights["cross"].sum(-1), torch.ones(layers, heads, t))
     if family == "rnn":
         assert set(weights) == {"cross"}
     else:
-        assert weights["encoder"].shape == (2, 4, 5, 5)
-        assert weights["decoder"].shape == (2, 4, 3, 3)
+        assert weights["encoder"].shape == (2, 4, s, s)
+        assert weights["decoder"].shape == (2, 4, t, t)
         assert torch.all(weights["decoder"].triu(1) == 0)  # no peeking at later positions
+
+
+@pytest.mark.parametrize("family", ["rnn", "transformer"])
+def test_attention_layout_is_known_before_decoding(family):
+    """attention_layout reads from the model the (layers, heads) the weights then have."""
+    model = tiny_model(family, "scaled_dot")
+    weights = teacher_forced_weights(model, [5, 6, 7], [9, 10])
+    translator = SimpleNamespace(model=model)
+    for kind in weights:
+        assert attention_layout(translator, kind) == tuple(weights[kind].shape[:2])
+    if family == "rnn":
+        with pytest.raises(NMTError, match="no encoder self-attention"):
+            attention_layout(translator, "encoder")
+    assert attention_layout(SimpleNamespace(), "cross") == (1, 1)  # CTranslate2: one map
+    with pytest.raises(NMTError, match="needs the torch engine"):
+        attention_layout(SimpleNamespace(), "decoder")
 
 
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])
@@ -109,19 +134,30 @@ def test_rnn_has_no_self_attention_to_draw(run):
     assert math.isfinite(best.score)
 
 
-def test_a_missing_attention_layer_names_the_ones_there(run, tmp_path, capsys):
-    source = tmp_path / "in.txt"
-    source.write_text("haus mann katze\n", encoding="utf-8")
-    assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--plot-attention",
-                 str(tmp_path / "pics"), "--attention-layer", "5", "--beam", "1"]) == 1
+@pytest.mark.parametrize("options,message", [
+    (["--attention-layer", "5"], "no attention layer 5 / head mean in this model: it has 1 layer and 2"),
+    (["--attention-kind", "encoder", "--attention-head", "2"], "no attention layer -1 / head 2"),
+    (["--attention-head", "first"], "--attention-head must be mean, all or a head number"),
+    (["--plot-attention", "in.txt"], "--plot-attention in.txt: cannot make a folder there"),
+])
+def test_bad_attention_options_fail_before_translating(run, tmp_path, monkeypatch, capsys, options,
+                                                       message):
+    """A picture option that cannot work fails at once, with one line, not after the input is
+    translated; a bad layer or head names the ones there."""
+    def no_translating(*args, **kwargs):
+        raise AssertionError("translated before the options were checked")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Translator, "translate", no_translating)
+    (tmp_path / "in.txt").write_text("haus mann katze\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(run), "--input", "in.txt", "--plot-attention",
+                 "pics", *options, "--beam", "1"]) == 1
     err = capsys.readouterr().err
-    assert "no attention layer 5 / head mean in this model: it has 1 layer and 2 heads" in err
-    assert err.count("\n") == 1
+    assert message in err and err.count("\n") == 1
 
 
 def test_attention_panels_name_their_layer_and_head():
-    from nmt.cli import attention_panels
-    from nmt.errors import NMTError
+    from nmt.plots import attention_panels
 
     weights = torch.rand(3, 2, 4, 5)  # (layers, heads, T, S)
     mean = attention_panels(weights, "line 1, cross", -1, "mean")

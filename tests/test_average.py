@@ -11,7 +11,7 @@ import torch
 from nmt.average import average_run, final_weights, step_checkpoints
 from nmt.cli import main
 from nmt.errors import NMTError
-from nmt.training import forget_final_weights
+from nmt.resume import forget_final_weights
 from nmt.translator import find_checkpoint
 
 from .conftest import tiny_train_args, write_corpus

@@ -3,6 +3,7 @@ resume after interruption, DDP on two CPU processes, and bad input."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -10,13 +11,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import torch
 import yaml
 
-from nmt.cli import main
+from nmt.cli import main, parser, read_lines
+from nmt.errors import NMTError
 
 from .conftest import REPO, tiny_train_args, write_corpus
 
@@ -131,12 +134,75 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys):
     (["train", "--config", "configs/rnn_bahdanau.yaml", "--model.hiden_size", "3"], "hiden_size"),
     (["train", "--config", "configs/transformer.yaml", "--model.family", "cnn"], "rnn, transformer"),
     (["train", "--config", "configs/transformer.yaml", "--max-time", "ten"], "HH:MM:SS"),
+    (["bench", "attention", "--max-len", "8"], "--max-len must be at least 32"),
 ])
 def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["compare", "--seeds", "0"], "--seeds"),
+    (["bench", "train", "--config", "c.yaml", "--steps", "0"], "--steps"),
+    (["bench", "data", "--pairs", "-5"], "--pairs"),
+    (["bench", "decode", "--checkpoint", "run", "--beam", "1,x"], "--beam"),
+    (["bench", "decode", "--checkpoint", "run", "--limit", "0"], "--limit"),
+])
+def test_counts_below_one_are_refused_by_the_parser(argv, flag, capsys):
+    """A count of 0 would fall back to a default (--seeds) or divide by zero (--steps)."""
+    with pytest.raises(SystemExit) as exit_info:
+        parser().parse_known_args(argv)
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: must be a whole number >= 1" in capsys.readouterr().err
+
+
+def test_bench_decode_beams_are_parsed_into_sizes():
+    args, _ = parser().parse_known_args(["bench", "decode", "--checkpoint", "run"])
+    assert args.beam == [1, 5]
+    args, _ = parser().parse_known_args(["bench", "decode", "--checkpoint", "run", "--beam", "3"])
+    assert args.beam == [3]
+
+
+def _leaf_parsers(node: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command words, parser) of every command that runs something, e.g. (("bench", "train"), p)."""
+    subcommands = [a for a in node._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subcommands:
+        yield path, node
+        return
+    for name, child in subcommands[0].choices.items():
+        yield from _leaf_parsers(child, (*path, name))
+
+
+def test_every_command_runs_its_own_function():
+    """No command falls through to another's: each parser names cmd_<its words>."""
+    leaves = dict(_leaf_parsers(parser()))
+    assert len(leaves) == 12 and ("bench", "attention") in leaves
+    for words, command_parser in leaves.items():
+        assert command_parser.get_default("run_command").__name__ == "cmd_" + "_".join(words)
+
+
+def test_an_os_error_is_one_line(monkeypatch, capsys):
+    """An OSError that no command turned into a message still ends in one line, no traceback."""
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "/runs/x/averaged.ckpt")
+
+    monkeypatch.setattr("nmt.average.average_run", refuse)
+    assert main(["average", "--checkpoint", "/runs/x"]) == 1
+    assert capsys.readouterr().err == "error: /runs/x/averaged.ckpt: Permission denied\n"
+
+
+def test_input_may_be_a_pipe(tmp_path):
+    """--input /dev/stdin or <(zcat f.gz) is a pipe, not a regular file: read it all the same."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    writer = threading.Thread(target=pipe.write_bytes, args=(b"haus\nhund\n",), daemon=True)
+    writer.start()
+    assert read_lines(str(pipe)) == ["haus", "hund"]
+    writer.join(5)
+    with pytest.raises(NMTError, match=f"cannot read {tmp_path}/missing.txt: No such file"):
+        read_lines(str(tmp_path / "missing.txt"))
 
 
 def test_help_names_every_scorer(capsys):

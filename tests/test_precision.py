@@ -138,18 +138,20 @@ def test_bf16_decoding_keeps_scores_in_fp32(family):
 def test_mixed_precision_training_keeps_autocasts_cast_cache(tmp_path, given, runs_in, plugin):
     """Training's steps run under autocast with its cast cache on (Lightning's own plugin has
     it off), also when given by Lightning's short name; full precision stays with Lightning's
-    flag."""
-    from nmt.training import build_trainer
+    flag. The benchmarks' Trainer takes the same precision and gradient clipping."""
+    from nmt.trainer import benchmark_trainer, build_trainer
 
     config = load_config("configs/rnn_bahdanau.yaml",
                          [f"trainer.precision={given}", "trainer.accelerator=cpu"])
-    trainer = build_trainer(config, tmp_path)
-    assert trainer.precision == runs_in
-    assert isinstance(trainer.precision_plugin, precision.CachedMixedPrecision) == plugin
-    if plugin:
-        with trainer.precision_plugin.forward_context():
-            assert torch.is_autocast_cache_enabled()
-            assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    # The benchmarks (bench train, bench data) time the steps as training runs them.
+    for trainer in build_trainer(config, tmp_path), benchmark_trainer(config, 3, []):
+        assert trainer.precision == runs_in
+        assert trainer.gradient_clip_val == config.trainer.gradient_clip_val > 0
+        assert isinstance(trainer.precision_plugin, precision.CachedMixedPrecision) == plugin
+        if plugin:
+            with trainer.precision_plugin.forward_context():
+                assert torch.is_autocast_cache_enabled()
+                assert torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
 def test_the_cast_cache_keeps_every_gradient():

@@ -61,6 +61,8 @@ def loader_position(ckpt: dict) -> dict:
 @pytest.mark.parametrize("budget", [2, 5])  # inside the first epoch; inside the second
 def test_step_budget_inside_an_epoch_then_continue(corpus, straight, tmp_path, budget):
     assert main(args(corpus, tmp_path, f"trainer.max_steps={budget}")) == 0
+    # Epochs trained: the part of the stopped epoch counts as a part (Lightning counts it whole).
+    assert json.loads((tmp_path / "train_stats.json").read_text())["epochs"] == budget / 4
     cut = checkpoint(tmp_path)
     assert cut["global_step"] == budget
     assert loader_position(cut) == {"epoch": budget // 4, "position": budget % 4}
@@ -164,16 +166,24 @@ def test_checkpoints_that_cannot_be_resumed_are_not_overwritten(corpus, tmp_path
     assert "holds checkpoints (steps/step1.ckpt)" in capsys.readouterr().err
 
 
-def test_a_run_saved_before_an_option_existed_resumes_at_its_default(corpus, tmp_path, capsys):
-    """A run whose config.yaml predates optim.long_run_* resumes where the option is at its
-    built-in default (what the run did), and not where it would change the trajectory."""
+@pytest.mark.parametrize("dropped, refused, value", [
+    ("long_run_", "optim.long_run_dropout=None, not 0.2", "optim.long_run_dropout=null"),
+    ("best_metric", "trainer.best_metric='val_bleu', not 'val_loss'", "trainer.best_metric=val_bleu"),
+])
+def test_a_run_saved_before_an_option_existed_resumes_only_with_what_it_did(
+        corpus, tmp_path, capsys, dropped, refused, value):
+    """A config.yaml that predates an option means the value that does what the run did: the
+    built-in default (optim.long_run_*: off, where the Transformer config now sets 0.2), or,
+    where the default does otherwise, ADDED_SINCE's (runs before trainer.best_metric picked
+    best.ckpt by val_bleu; the default is val_loss). It resumes with that value only, never
+    silently with another trajectory or another metric choosing its best.ckpt."""
     assert main(args(corpus, tmp_path, "trainer.max_steps=1")) == 0
     saved = tmp_path / "config.yaml"
     text = saved.read_text()
-    old = "\n".join(line for line in text.splitlines() if "long_run_" not in line) + "\n"
+    old = "\n".join(line for line in text.splitlines() if dropped not in line) + "\n"
     assert old != text
     saved.write_text(old)
     capsys.readouterr()
-    assert main(args(corpus, tmp_path)) == 1  # the Transformer config now sets 0.2
-    assert "trained with optim.long_run_dropout=None, not 0.2" in capsys.readouterr().err
-    assert main(args(corpus, tmp_path, "optim.long_run_dropout=null")) == 0
+    assert main(args(corpus, tmp_path)) == 1
+    assert f"trained with {refused}" in capsys.readouterr().err
+    assert main(args(corpus, tmp_path, value)) == 0

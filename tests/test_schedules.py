@@ -9,10 +9,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Timer
 
+from nmt.callbacks import DropoutForBudget
 from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
-from nmt.training import DropoutForBudget, budget_horizon, train, warmup_cosine
+from nmt.schedules import budget_horizon, warmup_cosine
+from nmt.training import train
 
 from .conftest import tiny_model, tiny_train_args, write_corpus
 
@@ -145,9 +147,22 @@ def test_early_stopping_waits_its_patience_and_0_trains_to_the_budget(tmp_path, 
     ("trainer.early_stopping_patience=-1",
      "trainer.early_stopping_patience -1: give the validations to wait, or 0"),
     ("optim.lr=0", "optim.lr must be above 0, got 0"),
+    ("optim.betas=[0.9]", "optim.betas must be two values in [0, 1), got [0.9]"),
+    ("optim.schedule=inverse_sqrt optim.warmup_steps=0",
+     "optim.warmup_steps must be at least 1 for schedule inverse_sqrt, got 0"),
+    ("trainer.val_check_interval=0", "trainer.val_check_interval 0: give a number of batches"),
+    ("trainer.val_check_interval=1.5", "trainer.val_check_interval 1.5: give a number of batches"),
+    ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches must be at least 1"),
+    ("trainer.strategy=bogus", "trainer option rejected by Lightning: You selected an invalid strategy"),
+    ("trainer.devices=0", "trainer option rejected by Lightning: `Trainer(devices=0)`"),
+    ("data.max_len=600", "data.max_len 600 must be below the model's max_positions 512"),
 ])
-def test_a_negative_patience_or_no_learning_rate_is_an_error(tmp_path, capsys, option, message):
+def test_a_bad_training_option_is_a_one_line_error_before_anything_is_written(
+        tmp_path, capsys, option, message):
+    """Each of these failed with a traceback, some after data preparation or the first step
+    and with config.yaml already written; now each is refused before data preparation."""
     files = write_corpus(tmp_path)
-    assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data"), option]) != 0
+    assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data"), *option.split()]) != 0
     err = capsys.readouterr().err
-    assert message in err and len(err.strip().splitlines()) == 1
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "data").exists()

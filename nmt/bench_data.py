@@ -23,6 +23,12 @@ import lightning as L
 
 from nmt.config import Config, DataConfig, load_config
 from nmt.data.corpus import local_files, read_pairs
+from nmt.data.module import TranslationDataModule, prepare_data
+from nmt.data.prepare import prepare
+from nmt.memory import peak_memory_mb, resident_memory_mb
+from nmt.models import build_model
+from nmt.trainer import benchmark_trainer
+from nmt.training import TranslationModule
 
 
 def synthetic_corpus(folder: Path, pairs: int, join: int = 1, seed: int = 0) -> dict[str, list[str]]:
@@ -52,23 +58,11 @@ def synthetic_corpus(folder: Path, pairs: int, join: int = 1, seed: int = 0) -> 
     return files
 
 
-def _status_mb(field: str) -> float:
-    """A memory figure of this process from /proc/self/status: VmRSS (now) or VmHWM (peak).
-    (Not getrusage's ru_maxrss: Linux carries it over from the parent through fork and exec,
-    so a stage process would report at least the parent's memory.)"""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _prepare_stage(config: Config, results) -> None:
-    from nmt.data.prepare import prepare
-
     start = time.perf_counter()
     prepare(config.data)
     results.put({"prepare_s": round(time.perf_counter() - start, 1),
-                 "prepare_peak_rss_mb": round(_status_mb("VmHWM"))})
+                 "prepare_peak_rss_mb": round(peak_memory_mb())})
 
 
 class _FirstSteps(L.Callback):
@@ -88,22 +82,14 @@ class _FirstSteps(L.Callback):
 
 
 def _train_stage(config: Config, steps: int, spawned_at: float, results) -> None:
-    from nmt.data.module import TranslationDataModule, prepare_data
-    from nmt.models import build_model
-    from nmt.training import TranslationModule, quiet_lightning_noise
-
     data = prepare_data(config.data)
     model = build_model(config.model, len(data.tokenizer))
     module = TranslationModule(model, data.tokenizer, config.optim, config.decoding, [], config.seed)
     probe = _FirstSteps()
-    quiet_lightning_noise()
-    trainer = L.Trainer(max_steps=steps + 1, limit_val_batches=0, logger=False, devices=1,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[probe],
-                        accelerator=config.trainer.accelerator)
+    trainer = benchmark_trainer(config, steps + 1, [probe])
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     trainer.fit(module, datamodule=datamodule)
-    rss = _status_mb("VmRSS")  # batches have flowed: the loader and the model are both in memory
+    rss = resident_memory_mb()  # batches have flowed: the loader and the model are both in memory
     start = time.perf_counter()
     sampler_batches = sum(1 for _ in datamodule.sampler)
     sampler_s = time.perf_counter() - start

@@ -1,0 +1,90 @@
+"""Lightning callbacks of a training run: an EMA of the weights, the end of a step budget,
+and dropout chosen by the epochs the budget buys."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import WeightAveraging
+
+from nmt.schedules import budget_horizon, steps_per_epoch
+
+
+def ramped_ema(decay: float):
+    """``AveragedModel`` update: EMA whose decay after n updates is min(decay, (1+n)/(10+n))."""
+
+    def update(averaged: torch.Tensor, current: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        d = ((1 + n) / (10 + n)).clamp(max=decay)
+        return averaged + (current - averaged) * (1 - d)
+
+    return update
+
+
+class WeightEMA(WeightAveraging):
+    """Exponential moving average of the weights (Polyak averaging), validated and saved in
+    place of the raw weights; it smooths out the noise of large learning rates.
+
+    The decay ramps up as (1 + n) / (10 + n) after n updates, capped at ``decay``, so the
+    average soon forgets the random initialisation and spans about the last tenth of the
+    steps so far: the same rule suits a 15-minute and a 15-hour run.
+    """
+
+    def __init__(self, decay: float):
+        super().__init__(avg_fn=ramped_ema(decay))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Keep the raw weights in the module (Lightning would copy the average in), so that
+        the last.ckpt written after training resumes exactly; every checkpoint holds the
+        average as its ``state_dict`` and the raw weights as ``current_model_state``."""
+
+
+class StopAtStepBudget(L.Callback):
+    """Ends a step budget the way Lightning ends a time budget, by ``should_stop``: the last
+    stretch is then validated and checkpointed inside the loop, in a state that resumes in the
+    middle of the epoch (a checkpoint written after ``fit`` would mark the epoch finished)."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True
+
+
+class DropoutForBudget(L.Callback):
+    """Residual dropout chosen by the number of epochs the budget buys.
+
+    How much dropout pays depends on how long the model trains: the default Transformer on
+    Multi30k was still underfitting at 4-10 epochs, where dropout 0.1 beat 0.2, and overfit
+    with 0.1 by 14-16, where 0.2 won by 1.7 BLEU (docs/performance.md). A time budget buys
+    more epochs on a faster machine, so no one value suits every machine. This callback
+    trains the first epoch with the model's dropout, then reads the budget's end
+    (``budget_horizon``: max_steps, max_epochs, or max_time at the speed of that epoch) and,
+    if it lies at least ``long_epochs`` epochs out, sets ``long_dropout`` for the rest of
+    the run (``set_dropout`` of the model). The decision is made once, printed, and kept in
+    checkpoints, so a resumed run keeps it.
+    """
+
+    def __init__(self, long_dropout: float, long_epochs: float):
+        self.long_dropout, self.long_epochs = long_dropout, long_epochs
+        self.decided, self.switched = False, False
+
+    def state_dict(self) -> dict:
+        return {"decided": self.decided, "switched": self.switched}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.decided, self.switched = state_dict["decided"], state_dict["switched"]
+
+    def budget_epochs(self, trainer: L.Trainer) -> float:
+        """The epochs the budget buys, as known now."""
+        return budget_horizon(trainer)(trainer.global_step) / steps_per_epoch(trainer)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if not self.decided and trainer.current_epoch >= 1:
+            self.decided = True
+            epochs = self.budget_epochs(trainer)
+            self.switched = epochs >= self.long_epochs
+            if trainer.is_global_zero:
+                choice = (f"dropout {self.long_dropout} from now on" if self.switched
+                          else "the model's dropout kept")
+                print(f"\nthe budget buys {epochs:.1f} epochs (long run: {self.long_epochs:g} or "
+                      f"more): {choice}", flush=True)
+        if self.switched:
+            module.model.set_dropout(self.long_dropout)

@@ -1,0 +1,85 @@
+"""Score a run on one corpus split: decode it, score it with sacreBLEU, keep what came out.
+
+``nmt evaluate`` writes the hypotheses and scores to ``RUN/eval/<stem>.{hyp,json}``; the stem
+names the split, the beam and each decoding option chosen on the command line, so that a
+non-default decoding never overwrites the default one's files. A study cell
+(``nmt.study_cell``) reads and decodes its test split with the same pieces.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nmt.config import DataConfig
+from nmt.data.corpus import load_corpus
+from nmt.errors import NMTError
+from nmt.files import write_atomic
+from nmt.metrics import score_corpus
+from nmt.translator import Translator, decoding_options
+
+
+def split_pairs(data: DataConfig, split: str) -> tuple[list[str], list[str]]:
+    """Source lines and their references in ``split`` of the configured corpus."""
+    corpus = load_corpus(data)
+    if split not in corpus:
+        raise NMTError(f"split '{split}' not in the corpus; available: {', '.join(corpus)}")
+    return list(corpus[split]["src"]), list(corpus[split]["tgt"])
+
+
+def best_translations(translator, sources: list[str], beam: int | None = None,
+                      alpha: float | None = None) -> list[str]:
+    """The best translation of each source line (either engine's translator); ``beam`` and
+    ``alpha`` default to the run's decoding config."""
+    return [hyps[0].text for hyps in translator.translate(sources, beam, 1, alpha)]
+
+
+def evaluate_split(translator, run_dir: Path, split: str, beam: int | None = None,
+                   alpha: float | None = None) -> tuple[list[str], dict]:
+    """Hypotheses and sacreBLEU scores of ``split``, decoded with ``beam`` and ``alpha``
+    (default: the run's). The scores record the decoding: split, beam and alpha, and for the
+    torch engine its precision, prune margin and weights file (see ``weights_name``)."""
+    sources, references = split_pairs(translator.config.data, split)
+    beam, alpha = decoding_options(translator.config.decoding, beam, 1, alpha)
+    hyps = best_translations(translator, sources, beam, alpha)
+    scores = score_corpus(hyps, references)
+    scores.update(split=split, beam=beam, alpha=alpha)
+    if isinstance(translator, Translator):  # an exported model has fixed weights and precision
+        scores.update(precision=translator.precision.precision,
+                      prune_margin=translator.config.decoding.prune_margin,
+                      weights=weights_name(run_dir, translator.checkpoint))
+    return hyps, scores
+
+
+def weights_name(run_dir: Path, checkpoint: Path) -> str:
+    """The weights file evaluate decoded with: relative to the run directory where inside it."""
+    path, run_dir = checkpoint.resolve(), run_dir.resolve()
+    return str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else str(path)
+
+
+def margin_name(margin: float | None) -> str:
+    """A prune margin in a file name: none, 3, 2.5."""
+    return "none" if margin is None else f"{margin:g}"
+
+
+def eval_file_stem(split: str, beam: int, weights: str | None = None, alpha: float | None = None,
+                   precision: str | None = None, prune_margin: str | None = None) -> str:
+    """RUN/eval/<stem>.{hyp,json}: the split and beam, then each decoding option that was given
+    (None: not given): the weights file, alpha, precision, and the prune margin as
+    ``margin_name`` writes it."""
+    parts = [f"{split}.beam{beam}"]
+    if weights:
+        parts.append(Path(weights).stem)
+    if alpha is not None:
+        parts.append(f"alpha{alpha:g}")
+    if precision:
+        parts.append(precision)
+    if prune_margin is not None:
+        parts.append(f"prune-{prune_margin}")
+    return ".".join(parts)
+
+
+def write_evaluation(folder: Path, stem: str, hyps: list[str], scores: dict) -> None:
+    """``<folder>/<stem>.hyp`` (one hypothesis a line) and ``<stem>.json`` (the scores)."""
+    write_atomic(folder / f"{stem}.hyp", "".join(h + "\n" for h in hyps))
+    write_atomic(folder / f"{stem}.json", json.dumps(scores, indent=2) + "\n")

@@ -1,0 +1,36 @@
+"""This process's memory as the kernel counts it: resident now, and its peak so far."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+
+def _proc_status_mb(field: str) -> float | None:
+    """A ``/proc/self/status`` figure (Linux) in MB; None where there is no such file."""
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024  # kB
+    return None
+
+
+def peak_memory_mb() -> float:
+    """Peak resident memory of this process so far (VmHWM). Not getrusage's ru_maxrss where
+    /proc has the figure: Linux carries ru_maxrss over from the parent through fork and exec,
+    so a child started from a large process would report at least its parent's peak."""
+    peak = _proc_status_mb("VmHWM")
+    if peak is not None:
+        return peak
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS, else KiB
+    return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024
+
+
+def resident_memory_mb() -> float:
+    """Resident memory of this process now (VmRSS); NaN where /proc does not say."""
+    now = _proc_status_mb("VmRSS")
+    return float("nan") if now is None else now

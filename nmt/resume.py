@@ -1,0 +1,75 @@
+"""Resuming a run: re-running the same command continues from ``RUN/last.ckpt``.
+
+A run directory is resumed only with the options that decided its trajectory so far; the
+budgets, validation cadence and decoding may change between segments (``RESUMABLE_CHANGES``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from nmt.config import ADDED_SINCE, Config, to_dict
+from nmt.errors import NMTError
+from nmt.files import write_atomic
+
+# Options that may change between the segments of a resumed run: budgets, validation and
+# logging cadence, loader processes, decoding. Every other option decides the trajectory.
+RESUMABLE_CHANGES = {
+    "name", "run_dir", "data.num_workers", "data.eval_max_tokens", "trainer.max_epochs",
+    "trainer.max_steps", "trainer.max_time", "trainer.val_check_interval",
+    "trainer.log_every_n_steps", "trainer.early_stopping_patience",
+    "trainer.enable_progress_bar", "trainer.keep_last_checkpoints",
+}
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_resumable(config: Config, run_dir: Path) -> Path | None:
+    """last.ckpt if the run directory holds an earlier segment of this run; an error naming
+    the first option that differs if it was trained with other trajectory options, and one
+    if it holds checkpoints that cannot be resumed (a new run would overwrite them)."""
+    last = run_dir / "last.ckpt"
+    saved = run_dir / "config.yaml"
+    if not last.is_file() or not saved.is_file():
+        if earlier := sorted(str(path.relative_to(run_dir)) for path in run_dir.rglob("*.ckpt")):
+            raise NMTError(f"{run_dir} holds checkpoints ({', '.join(earlier)}) of a run that "
+                           "cannot be resumed (that needs last.ckpt and config.yaml); choose "
+                           "another --run-dir, or move them away")
+        return None
+    before, now = _flat(yaml.safe_load(saved.read_text())), _flat(to_dict(config))
+    # An option added after the run was saved did what the run did: ADDED_SINCE says what
+    # that was where the built-in default does otherwise.
+    defaults = {**_flat(to_dict(Config())), **_flat(ADDED_SINCE)}
+    before.update((key, defaults[key]) for key in now.keys() - before.keys() if key in defaults)
+    for key in sorted(before.keys() | now.keys()):
+        if key not in RESUMABLE_CHANGES and key.split(".")[0] != "decoding" \
+                and before.get(key) != now.get(key):
+            raise NMTError(
+                f"{run_dir} holds a run trained with {key}={before.get(key)!r}, not "
+                f"{now.get(key)!r}; resume it with the same value, or choose another --run-dir"
+            )
+    return last
+
+
+def forget_final_weights(run_dir: Path) -> None:
+    """Drop a resumed run's earlier choice of weights from train_stats.json: until it ends and
+    chooses again, translation takes best.ckpt (steps/ and averaged.ckpt may be stale)."""
+    stats_file = run_dir / "train_stats.json"
+    try:
+        stats = json.loads(stats_file.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: rewritten at the end
+        return
+    if isinstance(stats, dict) and stats.pop("final_weights", None) is not None:
+        write_atomic(stats_file, json.dumps(stats, indent=2) + "\n")

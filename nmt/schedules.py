@@ -1,0 +1,105 @@
+"""Learning-rate schedules, by name (``optim.schedule``), and the step at which a budget ends.
+
+Each schedule is a factor of the peak learning rate ``optim.lr`` as a function of the
+optimizer step, except ``plateau``, which lowers the rate when validation BLEU stops rising.
+A new schedule is one function and one entry in ``SCHEDULERS``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Timer
+
+from nmt.config import OptimConfig
+
+
+def inverse_sqrt(warmup: int):
+    """Vaswani et al. (2017) eq. (3), relative to the peak lr: linear warm-up, then 1/sqrt(step)."""
+    return lambda step: min((step + 1) / warmup, (warmup / (step + 1)) ** 0.5)
+
+
+def warmup_cosine(warmup: int, horizon: Callable[[int], float], floor: float):
+    """Linear warm-up, then half a cosine from the peak lr down to ``floor`` x peak at the
+    budget's last step, ``horizon(step)`` (Loshchilov & Hutter 2017, one cycle): for a fixed
+    budget, where annealing to its end pays more than a schedule that never ends."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1.0, horizon(step) - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def steps_per_epoch(trainer: L.Trainer) -> float:
+    """Optimizer steps in one epoch of the running fit."""
+    return trainer.num_training_batches / trainer.accumulate_grad_batches
+
+
+def budget_horizon(trainer: L.Trainer) -> Callable[[int], float]:
+    """The step at which training will end, as known at ``step``: ``max_steps`` or the steps of
+    ``max_epochs`` epochs, whichever comes first (as Lightning stops), or, sooner, the step that
+    ``max_time`` reaches at the speed so far (``step`` x duration / time elapsed, validation
+    included; the Timer's elapsed time survives a resume). A time budget thus anneals to its
+    end, whatever the machine's speed.
+
+    Read when the schedule steps, from the loop's own counts: ``estimated_stepping_batches``
+    would build a training loader here, and drawing its seeds would shift the dropout masks of
+    a resumed run against an uninterrupted one."""
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    duration = None if timer is None or timer.time_remaining() is None \
+        else timer.time_elapsed() + timer.time_remaining()
+
+    def horizon(step: int) -> float:
+        steps = trainer.max_steps if trainer.max_steps > 0 else math.inf
+        if trainer.max_epochs is not None and trainer.max_epochs >= 0:  # an epoch limit too
+            steps = min(steps, trainer.max_epochs * steps_per_epoch(trainer))
+        if duration is None or step == 0:
+            return steps
+        # Rank 0's clock, as Lightning's Timer decides when to stop: every replica of a
+        # distributed run must take the same learning rate.
+        elapsed = trainer.strategy.broadcast(timer.time_elapsed())
+        return steps if elapsed <= 0 else min(steps, step * duration / elapsed)
+
+    return horizon
+
+
+# Each schedule: (optimizer, the optim options, the Trainer) -> Lightning's scheduler config,
+# or None for a constant learning rate.
+Scheduler = Callable[[torch.optim.Optimizer, OptimConfig, L.Trainer], "dict | None"]
+
+
+def _per_step(optimizer: torch.optim.Optimizer, factor: Callable[[int], float]) -> dict:
+    """A factor of the peak lr, updated after every optimizer step."""
+    return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, factor), "interval": "step"}
+
+
+def _inverse_sqrt(optimizer: torch.optim.Optimizer, optim: OptimConfig, trainer: L.Trainer) -> dict:
+    return _per_step(optimizer, inverse_sqrt(optim.warmup_steps))
+
+
+def _cosine(optimizer: torch.optim.Optimizer, optim: OptimConfig, trainer: L.Trainer) -> dict:
+    return _per_step(optimizer, warmup_cosine(optim.warmup_steps, budget_horizon(trainer),
+                                              optim.min_lr / optim.lr))
+
+
+def _plateau(optimizer: torch.optim.Optimizer, optim: OptimConfig, trainer: L.Trainer) -> dict:
+    """x ``plateau_factor`` after ``plateau_patience`` validations without a better BLEU."""
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        optimizer, mode="max", factor=optim.plateau_factor, patience=optim.plateau_patience,
+        min_lr=optim.min_lr)
+    return {"scheduler": scheduler, "monitor": "val_bleu"}
+
+
+def _constant(optimizer: torch.optim.Optimizer, optim: OptimConfig, trainer: L.Trainer) -> None:
+    return None
+
+
+SCHEDULERS: dict[str, Scheduler] = {"inverse_sqrt": _inverse_sqrt, "cosine": _cosine,
+                                    "plateau": _plateau, "constant": _constant}
+SCHEDULES = tuple(SCHEDULERS)

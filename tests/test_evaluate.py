@@ -1,0 +1,31 @@
+"""Scoring a split: its sentence pairs, and the file names that keep each decoding's results
+apart (the decoding and scoring themselves run end to end in test_cli)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nmt.config import DataConfig
+from nmt.errors import NMTError
+from nmt.evaluate import eval_file_stem, margin_name, split_pairs
+
+from .conftest import write_corpus
+
+
+def test_split_pairs_reads_a_split_and_names_the_splits_there(tmp_path):
+    files = write_corpus(tmp_path, sizes=(("train", 5), ("val", 2), ("test", 3)))
+    data = DataConfig(train_files=files["train"], val_files=files["val"], test_files=files["test"],
+                      data_dir=str(tmp_path))
+    sources, references = split_pairs(data, "test")
+    assert len(sources) == len(references) == 3
+    assert references[0] == " ".join(reversed(sources[0].upper().split()))  # write_corpus's rule
+    with pytest.raises(NMTError, match="split 'dev' not in the corpus; available: train, val, test"):
+        split_pairs(data, "dev")
+
+
+def test_file_stem_names_each_option_given():
+    assert eval_file_stem("test", 5) == "test.beam5"
+    stem = eval_file_stem("val", 4, weights="steps/step30.ckpt", alpha=1.0, precision="bf16-mixed",
+                          prune_margin=margin_name(None))
+    assert stem == "val.beam4.step30.alpha1.bf16-mixed.prune-none"
+    assert eval_file_stem("test", 2, prune_margin=margin_name(2.50)) == "test.beam2.prune-2.5"

@@ -1,0 +1,48 @@
+"""Memory figures and atomic writes: what a process reports is its own, and a write that
+fails leaves the old file and no temporary one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt.errors import NMTError
+from nmt.files import write_atomic
+from nmt.memory import peak_memory_mb, resident_memory_mb
+from nmt.trainer import AtomicCheckpointIO
+
+
+def test_a_child_process_reports_its_own_peak_not_its_parents():
+    """getrusage's ru_maxrss would carry this process's peak into the child (Linux keeps it
+    through fork and exec): the child of a process holding 300 MB more would report that."""
+    held = bytearray(300 * 2**20)  # touched: zero-filled pages are resident after the write
+    held[:: 4096] = b"x" * len(held[:: 4096])
+    parent = peak_memory_mb()
+    child = subprocess.run([sys.executable, "-c", "from nmt.memory import peak_memory_mb; "
+                            "print(peak_memory_mb())"], capture_output=True, text=True, check=True)
+    assert parent > 300
+    assert float(child.stdout) < parent - 250
+    assert resident_memory_mb() <= peak_memory_mb()
+
+
+def test_a_checkpoint_that_cannot_be_written_leaves_the_old_one_and_no_temporary_file(tmp_path):
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"step": 1}, path)
+    assert torch.load(path, weights_only=True) == {"step": 1}
+    with pytest.raises(AttributeError):  # torch.save cannot pickle a local lambda
+        AtomicCheckpointIO().save_checkpoint({"step": 2, "bad": lambda: None}, path)
+    assert torch.load(path, weights_only=True) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_a_text_that_cannot_be_written_is_a_one_line_error(tmp_path):
+    (tmp_path / "blocker").write_text("a file where a folder should be")
+    with pytest.raises(NMTError, match="cannot write .*out.txt"):
+        write_atomic(tmp_path / "blocker" / "out.txt", "text")
+    write_atomic(tmp_path / "out.txt", "old")
+    with pytest.raises(NMTError, match="is a directory"):
+        write_atomic(tmp_path, "text")
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["blocker", "out.txt"]
