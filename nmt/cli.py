@@ -33,11 +33,16 @@ TRAIN_FLAGS = {
 }
 
 
+def whole_number(text: str, least: int = 0) -> int:
+    """An argparse type for a count of at least ``least`` (warm-up steps: 0 or more)."""
+    if not (text.isdecimal() and int(text) >= least):
+        raise argparse.ArgumentTypeError(f"must be a whole number >= {least}, got '{text}'")
+    return int(text)
+
+
 def positive_int(text: str) -> int:
     """An argparse type for a count that must be at least 1 (steps, seeds, sentences)."""
-    if not (text.isdecimal() and int(text) >= 1):
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got '{text}'")
-    return int(text)
+    return whole_number(text, least=1)
 
 
 def positive_ints(text: str) -> list[int]:
@@ -72,8 +77,6 @@ def named_overrides(args: argparse.Namespace) -> list[str]:
 def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> None:
     from nmt.compare import load_compare_config, run_compare
 
-    if args.jobs < 1:
-        raise NMTError(f"--jobs must be at least 1, got {args.jobs}")
     cfg = load_compare_config(args.config)
     out = Path(args.out or f"study/{args.preset}")
     runs = Path(args.runs or f"checkpoints/study/{args.preset}")
@@ -282,8 +285,6 @@ def cmd_bench_decode(args: argparse.Namespace) -> None:
     if unknown:
         raise NMTError(f"unknown precision '{unknown[0]}'; choose from: "
                        f"{', '.join(DECODING_PRECISIONS)}")
-    if args.repeat < 1:
-        raise NMTError(f"--repeat must be at least 1, got {args.repeat}")
     summary = bench_decode(args.checkpoint, args.beam, args.split, args.limit,
                            engines=tuple(args.engine.split(",")), precisions=precisions,
                            repeat=args.repeat)
@@ -409,7 +410,7 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("--cost", action="store_true",
                          help="train nothing: bench each scorer's training cost (on a quiet "
                               "machine), write <out>/cost.json, rebuild the tables")
-    compare.add_argument("--jobs", type=int, default=1,
+    compare.add_argument("--jobs", type=positive_int, default=1,
                          help="cells trained at once, each in its own process with an equal share of "
                               "the CPU threads (for a GPU that one small cell leaves idle; default 1)")
     add_train_flags(compare, ("train_lines", "max_epochs", "src_lang", "tgt_lang"))
@@ -427,7 +428,7 @@ def add_bench_train(what: argparse._SubParsersAction) -> None:
     bench_train.set_defaults(run_command=cmd_bench_train, takes_overrides=True)
     bench_train.add_argument("--config", required=True)
     bench_train.add_argument("--steps", type=positive_int, default=30, help="timed optimizer steps")
-    bench_train.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    bench_train.add_argument("--warmup", type=whole_number, default=5, help="untimed steps first")
     add_train_flags(bench_train, ("train_lines", "src_lang", "tgt_lang", "seed", "attention"))
 
 
@@ -439,7 +440,7 @@ def add_bench_decode(what: argparse._SubParsersAction) -> None:
                               help="comma-separated beam sizes")
     bench_decode.add_argument("--split", default="test")
     bench_decode.add_argument("--limit", type=positive_int, help="first N sentences only")
-    bench_decode.add_argument("--repeat", type=int, default=3,
+    bench_decode.add_argument("--repeat", type=positive_int, default=3,
                               help="timed passes per setting, taken in turn; the fastest counts")
     bench_decode.add_argument("--engine", default="torch",
                               help="comma-separated: torch, ctranslate2 (the run exported in float32)")

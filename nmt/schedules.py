@@ -37,8 +37,10 @@ def warmup_cosine(warmup: int, horizon: Callable[[int], float], floor: float):
 
 
 def steps_per_epoch(trainer: L.Trainer) -> float:
-    """Optimizer steps in one epoch of the running fit."""
-    return trainer.num_training_batches / trainer.accumulate_grad_batches
+    """Optimizer steps in one epoch of the running fit: Lightning also steps on an epoch's last
+    batch where it ends a partial accumulation."""
+    batches = trainer.num_training_batches  # inf until the fit has its loader
+    return math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches) else batches
 
 
 def budget_horizon(trainer: L.Trainer) -> Callable[[int], float]:
@@ -89,7 +91,8 @@ def _cosine(optimizer: torch.optim.Optimizer, optim: OptimConfig, trainer: L.Tra
 
 
 def _plateau(optimizer: torch.optim.Optimizer, optim: OptimConfig, trainer: L.Trainer) -> dict:
-    """x ``plateau_factor`` after ``plateau_patience`` validations without a better BLEU."""
+    """x ``plateau_factor`` at the first validation after ``plateau_patience`` validations
+    without a better BLEU (ReduceLROnPlateau's patience)."""
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
         optimizer, mode="max", factor=optim.plateau_factor, patience=optim.plateau_patience,
         min_lr=optim.min_lr)

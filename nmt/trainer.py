@@ -133,6 +133,7 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
     quiet_lightning_noise()
     once_per_epoch = isinstance(t.val_check_interval, float) and t.val_check_interval == 1.0
+    callbacks = training_callbacks(config, run_dir)
     with lightnings_option_errors():
         return L.Trainer(
             default_root_dir=run_dir,
@@ -157,7 +158,7 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
             # A fresh sampler each epoch, seeded by the epoch (Lightning's set_epoch does not reach
             # a batch sampler), so resumed and uninterrupted runs see the same batches.
             reload_dataloaders_every_n_epochs=1,
-            callbacks=training_callbacks(config, run_dir),
+            callbacks=callbacks,
             plugins=[AtomicCheckpointIO(), *precision_plugins],
             num_sanity_val_steps=0,
         )

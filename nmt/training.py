@@ -212,11 +212,11 @@ def check_trainer_config(config: Config) -> None:
     if t.early_stopping_patience < 0:
         raise NMTError(f"trainer.early_stopping_patience {t.early_stopping_patience}: "
                        "give the validations to wait, or 0 to train to the end of the budget")
-    interval = t.val_check_interval
-    batches = isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1
-    if not (batches or isinstance(interval, float) and 0 < interval <= 1):
+    interval = t.val_check_interval  # a number here; a time ("00:00:30:00") is Lightning's
+    if isinstance(interval, (int, float)) and not (
+            interval >= 1 if isinstance(interval, int) else 0 < interval <= 1):
         raise NMTError(f"trainer.val_check_interval {interval}: give a number of batches (1 or "
-                       "more) or a fraction of an epoch in (0, 1]")
+                       "more), a fraction of an epoch in (0, 1], or a time DD:HH:MM:SS")
     if t.accumulate_grad_batches < 1:
         raise NMTError(f"trainer.accumulate_grad_batches must be at least 1, got "
                        f"{t.accumulate_grad_batches}")
@@ -231,9 +231,9 @@ def train(config: Config) -> Path:
     check_training_config(config)  # fail on bad options now, not after data preparation
     run_dir = run_dir_of(config)
     resume_from = check_resumable(config, run_dir)
-    L.seed_everything(config.seed, workers=True, verbose=False)
     trainer = build_trainer(config, run_dir)  # Lightning checks its own options here
     data = prepare_data(config.data)
+    L.seed_everything(config.seed, workers=True, verbose=False)  # the weights: the seed's alone
     model = build_model(config.model, len(data.tokenizer))
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / "config.yaml")

@@ -149,6 +149,8 @@ def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch):
     (["bench", "data", "--pairs", "-5"], "--pairs"),
     (["bench", "decode", "--checkpoint", "run", "--beam", "1,x"], "--beam"),
     (["bench", "decode", "--checkpoint", "run", "--limit", "0"], "--limit"),
+    (["bench", "decode", "--checkpoint", "run", "--repeat", "0"], "--repeat"),
+    (["compare", "--jobs", "0"], "--jobs"),
 ])
 def test_counts_below_one_are_refused_by_the_parser(argv, flag, capsys):
     """A count of 0 would fall back to a default (--seeds) or divide by zero (--steps)."""
@@ -156,6 +158,13 @@ def test_counts_below_one_are_refused_by_the_parser(argv, flag, capsys):
         parser().parse_known_args(argv)
     assert exit_info.value.code == 2
     assert f"argument {flag}: must be a whole number >= 1" in capsys.readouterr().err
+
+
+def test_warm_up_steps_may_be_none_but_not_fewer():
+    args, _ = parser().parse_known_args(["bench", "train", "--config", "c.yaml", "--warmup", "0"])
+    assert args.warmup == 0
+    with pytest.raises(SystemExit):
+        parser().parse_known_args(["bench", "train", "--config", "c.yaml", "--warmup", "-1"])
 
 
 def test_bench_decode_beams_are_parsed_into_sizes():

@@ -167,11 +167,6 @@ def test_cells_train_in_parallel_into_their_own_records(study, capsys):
     assert read_rows(out / "b")[("main", "rnn", "additive", "base")]["seeds"] == 3
 
 
-def test_jobs_below_one_is_an_error(study, capsys):
-    run, _, _, _ = study
-    assert run("b", "--jobs", "0") == 1
-    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
-
 
 def test_tables_rebuild_from_records_alone(study, capsys):
     run, out, _, folder = study

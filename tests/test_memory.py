@@ -28,12 +28,17 @@ def test_a_child_process_reports_its_own_peak_not_its_parents():
     assert resident_memory_mb() <= peak_memory_mb()
 
 
+class Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("this object cannot be saved")
+
+
 def test_a_checkpoint_that_cannot_be_written_leaves_the_old_one_and_no_temporary_file(tmp_path):
     path = tmp_path / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"step": 1}, path)
     assert torch.load(path, weights_only=True) == {"step": 1}
-    with pytest.raises(AttributeError):  # torch.save cannot pickle a local lambda
-        AtomicCheckpointIO().save_checkpoint({"step": 2, "bad": lambda: None}, path)
+    with pytest.raises(RuntimeError, match="cannot be saved"):  # fails inside torch.save
+        AtomicCheckpointIO().save_checkpoint({"step": 2, "bad": Unpicklable()}, path)
     assert torch.load(path, weights_only=True) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 

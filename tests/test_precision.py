@@ -50,6 +50,16 @@ def test_cpu_takes_the_faster_precision(cache, monkeypatch, fp32, bf16, chosen):
     assert f"{fp32 / bf16:.2f}x" in choice.reason and precision.cpu_model() in choice.reason
 
 
+def test_the_probe_leaves_a_seeded_runs_random_numbers_alone(cache):
+    """Training builds the Trainer, whose precision ``auto`` probes the machine unless cached,
+    before the model: a probe drawing from the global generator would give a seed other
+    initial weights on a machine seen for the first time."""
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    precision.choose_cpu_precision([(64, 32, 48)])  # measured: nothing cached yet
+    assert cache.is_file() and torch.equal(torch.get_rng_state(), before)
+
+
 def test_probe_is_cached_per_shapes(cache, monkeypatch):
     calls = fake_timing(monkeypatch, 1.0, 0.5)
     first = precision.choose_cpu_precision([(8, 8, 8)])

@@ -13,7 +13,7 @@ from nmt.callbacks import DropoutForBudget
 from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
-from nmt.schedules import budget_horizon, warmup_cosine
+from nmt.schedules import budget_horizon, steps_per_epoch, warmup_cosine
 from nmt.training import train
 
 from .conftest import tiny_model, tiny_train_args, write_corpus
@@ -51,6 +51,15 @@ def test_a_time_budget_ends_where_the_speed_so_far_reaches_it(monkeypatch):
     timer = next(c for c in endless.callbacks if isinstance(c, Timer))
     monkeypatch.setattr(timer, "time_elapsed", lambda stage="train": 120.0)
     assert budget_horizon(endless)(50) == pytest.approx(250)  # no epoch limit: time alone
+
+
+def test_an_epoch_ends_with_a_step_also_where_its_accumulation_is_partial():
+    """Lightning steps the optimizer on an epoch's last batch: 227 batches, 2 per step, are
+    114 steps (113.5 would count 10 epochs of 1,140 steps as 10.04)."""
+    trainer = SimpleNamespace(num_training_batches=227, accumulate_grad_batches=2)
+    assert steps_per_epoch(trainer) == 114
+    assert steps_per_epoch(SimpleNamespace(num_training_batches=math.inf,
+                                           accumulate_grad_batches=2)) == math.inf
 
 
 @pytest.mark.parametrize("max_steps, expected", [(100_000, 400), (300, 300), (-1, 400)])
@@ -166,3 +175,15 @@ def test_a_bad_training_option_is_a_one_line_error_before_anything_is_written(
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists() and not (tmp_path / "data").exists()
+
+
+def test_a_validation_interval_given_as_a_time_is_lightnings_to_check(tmp_path):
+    """Lightning validates every DD:HH:MM:SS of training time where the interval is a time;
+    only numbers are checked here."""
+    from nmt.trainer import build_trainer
+    from nmt.training import check_training_config
+
+    config = load_config("configs/transformer.yaml", ["trainer.val_check_interval='00:00:30:00'",
+                                                      "trainer.accelerator=cpu"])
+    check_training_config(config)
+    assert build_trainer(config, tmp_path)._val_check_time_interval == 30 * 60  # seconds
