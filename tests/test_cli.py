@@ -18,7 +18,8 @@ import pytest
 import torch
 import yaml
 
-from nmt.cli import main, parser, read_lines
+from nmt.cli import main, parser
+from nmt.cli.decoding import read_lines
 from nmt.errors import NMTError
 
 from .conftest import REPO, tiny_train_args, write_corpus
@@ -216,7 +217,7 @@ def test_input_may_be_a_pipe(tmp_path):
 
 def test_help_names_every_scorer(capsys):
     from nmt.attention import SCORERS
-    from nmt.cli import SCORER_NAMES
+    from nmt.cli.options import SCORER_NAMES
 
     assert SCORER_NAMES == tuple(SCORERS)
     for command in (["train"], ["bench", "train"]):

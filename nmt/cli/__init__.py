@@ -1,0 +1,54 @@
+"""Command line: ``nmt train | prepare | translate | evaluate | average | compare | bench | serve | export``.
+
+Thin: parse, call, print. Errors a user can fix (bad input, missing files, unknown names)
+end with one line on stderr and exit status 1, never a traceback. Each command is two
+functions in one of the modules here: ``add_<command>`` builds its parser, naming
+``cmd_<command>``, which runs it. Parsing imports no torch: the commands import what they
+need when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nmt.allocator import keep_freed_memory
+from nmt.cli.bench import add_bench
+from nmt.cli.decoding import add_average, add_decoding, add_export, add_serve
+from nmt.cli.options import dotted_overrides, named_overrides
+from nmt.cli.training import add_compare, add_prepare, add_train
+from nmt.errors import NMTError
+
+
+def parser() -> argparse.ArgumentParser:
+    """The parser tree. Each command's parser names the function that runs it (``run_command``)
+    and whether it takes config overrides, ``--section.key VALUE`` (``takes_overrides``)."""
+    top = argparse.ArgumentParser(prog="nmt", description=__doc__.splitlines()[0])
+    top.set_defaults(takes_overrides=False)
+    sub = top.add_subparsers(dest="command", required=True)
+    for add_command in (add_train, add_prepare, add_decoding, add_serve, add_export, add_average,
+                        add_compare, add_bench):
+        add_command(sub)
+    return top
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parser().parse_known_args(argv)
+    keep_freed_memory()
+    try:
+        if args.takes_overrides:
+            args.run_command(args, named_overrides(args) + dotted_overrides(extra))
+        elif extra:
+            raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
+        else:
+            args.run_command(args)
+    except NMTError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a file named on the command line that cannot be read or written
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,194 @@
+"""``nmt translate | evaluate | average | serve | export``: the commands that use a trained run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from nmt.config import DECODING_PRECISIONS
+from nmt.errors import NMTError
+from nmt.files import write_atomic
+
+
+def add_decoding(sub: argparse._SubParsersAction) -> None:
+    """``translate`` and ``evaluate``, which share the decoding options."""
+    for name, help_text, command in (
+            ("translate", "translate lines from stdin or a file", cmd_translate),
+            ("evaluate", "BLEU and chrF of a run on a corpus split", cmd_evaluate)):
+        p = sub.add_parser(name, help=help_text)
+        p.set_defaults(run_command=command)
+        p.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
+        p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
+        p.add_argument("--alpha", type=float, default=None, help="GNMT length penalty")
+        p.add_argument("--prune-margin", help="drop beams more than this many nats below the "
+                                              "best (none: keep all K; default: the run's)")
+        p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+        p.add_argument("--engine", default="torch",
+                       help="torch | ctranslate2 (--checkpoint: a folder from nmt export)")
+        p.add_argument("--weights", help="checkpoint file in the run directory (or a path), e.g. "
+                                         "best.ckpt (default: the one training chose)")
+        p.add_argument("--precision", choices=DECODING_PRECISIONS,
+                       help="decoding precision (default: the run's decoding.precision, auto)")
+    translate = sub.choices["translate"]
+    translate.add_argument("--input", help="input file (default stdin)")
+    translate.add_argument("--output", help="output file (default stdout)")
+    translate.add_argument("--nbest", type=int, default=1)
+    translate.add_argument("--plot-attention", metavar="DIR",
+                           help="write a heatmap PNG of each sentence's attention to DIR")
+    translate.add_argument("--attention-kind", default="cross", choices=("cross", "encoder", "decoder"),
+                           help="cross-attention, or the Transformer's encoder or decoder self-attention")
+    translate.add_argument("--attention-layer", type=int, default=-1,
+                           help="Transformer: which layer (default last)")
+    translate.add_argument("--attention-head", default="mean",
+                           help="Transformer: mean over heads, a head number, or all (one panel each)")
+    sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")
+
+def open_translator(args: argparse.Namespace):
+    """The engine's translator for ``--checkpoint``; ``--prune-margin`` (a number of nats,
+    or none for the full beam) replaces the run's decoding.prune_margin."""
+    from nmt.engines import load_translator
+
+    translator = load_translator(args.checkpoint, args.engine, args.device, args.weights,
+                                 args.precision)
+    if args.prune_margin is not None:
+        if args.engine != "torch":
+            raise NMTError("--prune-margin is for the torch engine")
+        translator.config.decoding.prune_margin = parse_margin(args.prune_margin)
+    return translator
+
+def parse_margin(text: str) -> float | None:
+    """``--prune-margin``: a number of nats >= 0, or none (the full beam)."""
+    try:
+        margin = None if text == "none" else float(text)
+        if margin is not None and not margin >= 0:  # NaN too
+            raise ValueError(text)
+    except ValueError:
+        raise NMTError(f"--prune-margin must be a number >= 0 or none, got '{text}'") from None
+    return margin
+
+def read_lines(path: str | None) -> list[str]:
+    """Input lines as text, from a file, a pipe such as /dev/stdin, or stdin; a line that is
+    not UTF-8 is an error naming it."""
+    try:
+        raw = Path(path).read_bytes() if path else sys.stdin.buffer.read()
+    except OSError as err:
+        raise NMTError(f"cannot read {path or 'stdin'}: {err.strerror}") from None
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    text = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            text.append(line.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as err:
+            raise NMTError(f"line {number} is not valid UTF-8 (byte {err.start})") from None
+    return text
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    from nmt.translator import moses_nbest
+
+    translator = open_translator(args)
+    need_attn = args.plot_attention is not None
+    if need_attn:
+        check_plot_options(translator, args)
+    lines = read_lines(args.input)
+    results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn)
+    if need_attn:
+        from nmt.plots import plot_attention
+
+        plot_attention(translator, lines, results, args.plot_attention, args.attention_kind,
+                       args.attention_layer, args.attention_head)
+    if args.nbest > 1:
+        rows = moses_nbest(results)
+    else:
+        rows = [hyps[0].text for hyps in results]
+    output = "".join(row + "\n" for row in rows)
+    if args.output:
+        write_atomic(args.output, output)
+    else:
+        sys.stdout.write(output)
+
+def check_plot_options(translator, args: argparse.Namespace) -> None:
+    """The --plot-attention options, checked against the model before anything is translated
+    (a bad one fails at once, not after the whole input); makes the pictures' folder."""
+    from nmt.attention_stats import attention_layout
+    from nmt.plots import check_attention_choice
+
+    layers, heads = attention_layout(translator, args.attention_kind)
+    check_attention_choice(layers, heads, args.attention_layer, args.attention_head)
+    try:
+        Path(args.plot_attention).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise NMTError(f"--plot-attention {args.plot_attention}: cannot make a folder there "
+                       f"({err.strerror})") from None
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from nmt.evaluate import eval_file_stem, evaluate_split, margin_name, write_evaluation
+
+    translator = open_translator(args)
+    run_dir = Path(args.checkpoint)
+    hyps, scores = evaluate_split(translator, run_dir, args.split, args.beam, args.alpha)
+    margin = margin_name(translator.config.decoding.prune_margin) if args.prune_margin else None
+    stem = eval_file_stem(args.split, scores["beam"], args.weights, args.alpha, args.precision, margin)
+    write_evaluation(run_dir / "eval", stem, hyps, scores)
+    print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
+    print(f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}")
+    print(f"hypotheses and scores written to {run_dir / 'eval'}/")
+
+def add_average(sub: argparse._SubParsersAction) -> None:
+    average = sub.add_parser("average", help="average the weights of a run's last checkpoints")
+    average.set_defaults(run_command=cmd_average)
+    average.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
+    average.add_argument("--last", type=int, help="the last N kept checkpoints (default all)")
+    average.add_argument("--out", help="output file (default RUN/averaged.ckpt)")
+
+def cmd_average(args: argparse.Namespace) -> None:
+    from nmt.average import average_run
+
+    out, paths = average_run(args.checkpoint, args.last, args.out)
+    count = "1 checkpoint" if len(paths) == 1 else f"{len(paths)} checkpoints"
+    short = f" (--last {args.last}: the run kept only {len(paths)})" if (args.last or 0) > len(paths) else ""
+    print(f"averaged {count} ({', '.join(p.name for p in paths)}) into {out}{short}")
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="translate over HTTP, with a web page of the attention")
+    serve.set_defaults(run_command=cmd_serve)
+    serve.add_argument("--checkpoint", required=True, nargs="+",
+                       help="run directories (exported models with --engine ctranslate2)")
+    serve.add_argument("--host", default="127.0.0.1", help="127.0.0.1, 0.0.0.0 or ::")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--beam", type=int, default=5, help="beam size when a request names none")
+    serve.add_argument("--engine", default="torch", help="torch | ctranslate2")
+    serve.add_argument("--max-batch", type=int, default=32, help="requests decoded together")
+    serve.add_argument("--weights", help="checkpoint file in each run directory (default: the "
+                                         "one training chose)")
+    serve.add_argument("--precision", choices=DECODING_PRECISIONS,
+                       help="decoding precision (default: each run's decoding.precision, auto)")
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    try:
+        from nmt.serve import serve
+    except ImportError:
+        raise NMTError('nmt serve needs LitServe: pip install -e ".[serve]"') from None
+    serve(args.checkpoint, args.host, args.port, args.engine, args.beam, args.max_batch,
+          args.weights, args.precision)
+
+def add_export(sub: argparse._SubParsersAction) -> None:
+    export = sub.add_parser("export", help="convert a Transformer run for another inference engine")
+    export.set_defaults(run_command=cmd_export)
+    export.add_argument("--checkpoint", required=True, help="run directory")
+    export.add_argument("--format", default="ctranslate2", help="ctranslate2")
+    export.add_argument("--quantization", default="float32", help="float32 | int8")
+    export.add_argument("--out", required=True, help="new directory (or an earlier export, replaced)")
+
+def cmd_export(args: argparse.Namespace) -> None:
+    if args.format != "ctranslate2":
+        raise NMTError(f"unknown export format '{args.format}'; available: ctranslate2")
+    try:
+        from nmt.export import export_ctranslate2
+    except ImportError:
+        raise NMTError('nmt export needs CTranslate2: pip install -e ".[export]"') from None
+    out = export_ctranslate2(args.checkpoint, args.out, args.quantization)
+    print(f"CTranslate2 model ({args.quantization}) written to {out}/; use it with "
+          f"nmt translate --engine ctranslate2 --checkpoint {out}")

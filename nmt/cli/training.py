@@ -1,0 +1,76 @@
+"""``nmt train | prepare | compare``: the commands that train (or prepare what training reads)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from nmt.cli.options import (
+    TRAIN_FLAGS,
+    add_train_flags,
+    positive_int,
+)
+
+
+def add_train(sub: argparse._SubParsersAction) -> None:
+    train = sub.add_parser("train", help="train a model (resumes if the run directory has one)",
+                           epilog="Any config key can be set as --section.key VALUE, "
+                                  "e.g. --trainer.strategy ddp --trainer.devices 2.")
+    train.set_defaults(run_command=cmd_train, takes_overrides=True)
+    train.add_argument("--config", help="YAML config, e.g. configs/transformer.yaml")
+    add_train_flags(train, tuple(TRAIN_FLAGS))
+
+def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nmt.config import load_config
+    from nmt.training import train
+
+    config = load_config(args.config, overrides)
+    run_dir = train(config)
+    print(f"run directory: {run_dir}")
+
+def add_prepare(sub: argparse._SubParsersAction) -> None:
+    prepare = sub.add_parser("prepare", help="check, tokenize and cache a corpus (train does it "
+                             "too when needed)", epilog="Any config key: --section.key VALUE.")
+    prepare.set_defaults(run_command=cmd_prepare, takes_overrides=True)
+    prepare.add_argument("--config", help="YAML config, e.g. configs/transformer.yaml")
+    add_train_flags(prepare, ("train_lines", "src_lang", "tgt_lang"))
+
+def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nmt.config import load_config
+    from nmt.data.prepare import prepare
+
+    config = load_config(args.config, overrides)
+    print(f"prepared corpus: {prepare(config.data)}")
+
+def add_compare(sub: argparse._SubParsersAction) -> None:
+    compare = sub.add_parser("compare", help="the attention study: families x scorers x seeds",
+                             epilog="Other config keys apply to every cell: --section.key VALUE.")
+    compare.set_defaults(run_command=cmd_compare, takes_overrides=True)
+    compare.add_argument("--config", default="configs/compare.yaml")
+    compare.add_argument("--preset", default="quick", help="quick | full | study (see the config)")
+    compare.add_argument("--seeds", type=positive_int,
+                         help="seeds per cell in every group (default: the preset's)")
+    compare.add_argument("--out", help="records, tables and figures (default study/<preset>)")
+    compare.add_argument("--runs", help="the cells' run directories (default checkpoints/study/<preset>)")
+    compare.add_argument("--tables-only", action="store_true",
+                         help="train nothing: rebuild tables and figures from the records")
+    compare.add_argument("--cost", action="store_true",
+                         help="train nothing: bench each scorer's training cost (on a quiet "
+                              "machine), write <out>/cost.json, rebuild the tables")
+    compare.add_argument("--jobs", type=positive_int, default=1,
+                         help="cells trained at once, each in its own process with an equal share of "
+                              "the CPU threads (for a GPU that one small cell leaves idle; default 1)")
+    add_train_flags(compare, ("train_lines", "max_epochs", "src_lang", "tgt_lang"))
+
+def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> None:
+    from nmt.compare import load_compare_config, run_compare
+
+    cfg = load_compare_config(args.config)
+    out = Path(args.out or f"study/{args.preset}")
+    runs = Path(args.runs or f"checkpoints/study/{args.preset}")
+    if args.cost:
+        from nmt.study_cost import measure_cost
+
+        measure_cost(cfg, args.preset, out)
+    run_compare(cfg, args.preset, out, runs, overrides, seeds=args.seeds,
+                train=not (args.tables_only or args.cost), workers=args.jobs)
