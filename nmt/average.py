@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from nmt.config import existing_run_dir
 from nmt.errors import NMTError
+from nmt.files import atomic_path
 
 STEPS_DIR = "steps"  # RUN/steps/step<global step>.ckpt, written by training
 
@@ -101,12 +102,13 @@ def average_run(run_dir: str | Path, last: int | None = None,
         raise NMTError(f"--last must be at least 1, got {last}")
     paths = paths[-last:] if last else paths
     out = Path(out) if out else run_dir / "averaged.ckpt"
+    if out.resolve() in {(run_dir / name).resolve() for name in ("best.ckpt", "last.ckpt")} \
+            or out.resolve().is_relative_to((run_dir / STEPS_DIR).resolve()):
+        raise NMTError(f"--out {out} is one of the run's own checkpoints; name another file")
     averaged = {"state_dict": average_state_dicts(paths),
                 "nmt_averaged": [path.name for path in paths]}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    torch.save(averaged, tmp)
-    tmp.replace(out)  # atomic: a reader never sees half a file
+    with atomic_path(out) as tmp:  # a reader never sees half a file
+        torch.save(averaged, tmp)
     return out, paths
 
 

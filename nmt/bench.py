@@ -19,11 +19,11 @@ import torch
 from nmt.attention import SCORERS, build_scorer
 from nmt.config import Config
 from nmt.data.batching import Batch, PairDataset
-from nmt.data.corpus import load_corpus
 from nmt.data.module import TranslationDataModule, decoding_loader, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.engines import ENGINES
 from nmt.errors import NMTError
+from nmt.evaluate import split_pairs
 from nmt.memory import peak_memory_mb
 from nmt.metrics import score_corpus
 from nmt.models import build_model
@@ -233,8 +233,8 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
     if unknown:
         raise NMTError(f"unknown engine '{unknown[0]}'; choose from: {', '.join(ENGINES)}")
     translator = Translator.from_run_dir(run_dir, precision=precisions[0])
-    corpus = load_corpus(translator.config.data)[split]
-    corpus = {side: list(corpus[side])[:limit] for side in ("src", "tgt")}
+    sources, references = split_pairs(translator.config.data, split)
+    corpus = {"src": sources[:limit], "tgt": references[:limit]}
     with tempfile.TemporaryDirectory() as tmp:
         decoders = []  # (engine, translator)
         for engine in engines:

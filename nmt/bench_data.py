@@ -15,6 +15,7 @@ each stage in a fresh process:
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import random
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from nmt.config import Config, DataConfig, load_config
 from nmt.data.corpus import local_files, read_pairs
 from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.prepare import prepare
+from nmt.errors import NMTError
 from nmt.memory import peak_memory_mb, resident_memory_mb
 from nmt.models import build_model
 from nmt.trainer import benchmark_trainer
@@ -110,11 +112,20 @@ def _train_stage(config: Config, steps: int, spawned_at: float, results) -> None
 
 
 def _in_fresh_process(target, *args) -> dict:
+    """``target(*args, results)`` in a new process; what it puts on ``results``. A process that
+    dies first (its error is on stderr) is a one-line error, not a wait without end."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     process = context.Process(target=target, args=(*args, results))
     process.start()
-    out = results.get()
+    while True:
+        try:
+            out = results.get(timeout=1.0)
+            break
+        except queue.Empty:
+            if not process.is_alive():
+                raise NMTError(f"the {target.__name__.strip('_')} process failed "
+                               f"(exit {process.exitcode}); its error is above") from None
     process.join()
     return out
 

@@ -126,9 +126,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         if not path.is_file():
             raise NMTError(f"config file not found: {path}")
         try:
-            layers.append(OmegaConf.create(yaml.safe_load(path.read_text()) or {}))
-        except yaml.YAMLError as err:
+            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
             raise NMTError(f"{path} is not valid YAML: {err}".splitlines()[0]) from None
+        if not isinstance(tree, dict):
+            raise NMTError(f"{path} must hold sections of options (a mapping), not a "
+                           f"{type(tree).__name__}")
+        layers.append(OmegaConf.create(tree))
     try:
         layers.append(OmegaConf.from_dotlist(list(overrides)))
         merged = OmegaConf.merge(schema, *layers)

@@ -8,6 +8,7 @@ non-default decoding never overwrites the default one's files. A study cell
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def split_pairs(data: DataConfig, split: str) -> tuple[list[str], list[str]]:
     corpus = load_corpus(data)
     if split not in corpus:
         raise NMTError(f"split '{split}' not in the corpus; available: {', '.join(corpus)}")
+    if len(corpus[split]) == 0:
+        raise NMTError(f"split '{split}' of the corpus is empty")
     return list(corpus[split]["src"]), list(corpus[split]["tgt"])
 
 
@@ -65,11 +68,14 @@ def margin_name(margin: float | None) -> str:
 def eval_file_stem(split: str, beam: int, weights: str | None = None, alpha: float | None = None,
                    precision: str | None = None, prune_margin: str | None = None) -> str:
     """RUN/eval/<stem>.{hyp,json}: the split and beam, then each decoding option that was given
-    (None: not given): the weights file, alpha, precision, and the prune margin as
-    ``margin_name`` writes it."""
+    (None: not given): the weights file as ``weights_name`` gives it (its stem; a file outside
+    the run also a hash of its path, so that it never shares the run's own files' names),
+    alpha, precision, and the prune margin as ``margin_name`` writes it."""
     parts = [f"{split}.beam{beam}"]
     if weights:
-        parts.append(Path(weights).stem)
+        path = Path(weights)
+        outside = f"-{hashlib.sha1(weights.encode()).hexdigest()[:8]}" if path.is_absolute() else ""
+        parts.append(path.stem + outside)
     if alpha is not None:
         parts.append(f"alpha{alpha:g}")
     if precision:

@@ -42,13 +42,16 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     if it holds checkpoints that cannot be resumed (a new run would overwrite them)."""
     last = run_dir / "last.ckpt"
     saved = run_dir / "config.yaml"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise NMTError(f"--run-dir {run_dir} is a file; name a folder")
     if not last.is_file() or not saved.is_file():
-        if earlier := sorted(str(path.relative_to(run_dir)) for path in run_dir.rglob("*.ckpt")):
-            raise NMTError(f"{run_dir} holds checkpoints ({', '.join(earlier)}) of a run that "
-                           "cannot be resumed (that needs last.ckpt and config.yaml); choose "
-                           "another --run-dir, or move them away")
+        refuse_to_overwrite(run_dir)
         return None
-    before, now = _flat(yaml.safe_load(saved.read_text())), _flat(to_dict(config))
+    try:
+        before = _flat(yaml.safe_load(saved.read_text()))
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
+        raise NMTError(f"{saved} is damaged: cannot resume this run; choose another --run-dir") from None
+    now = _flat(to_dict(config))
     # An option added after the run was saved did what the run did: ADDED_SINCE says what
     # that was where the built-in default does otherwise.
     defaults = {**_flat(to_dict(Config())), **_flat(ADDED_SINCE)}
@@ -61,6 +64,27 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
                 f"{now.get(key)!r}; resume it with the same value, or choose another --run-dir"
             )
     return last
+
+
+# What a new run writes into its directory before its first checkpoint (compare's cells:
+# their train.log first): a run killed that early starts afresh over them.
+STARTED_RUN = {"config.yaml", "spm.model", "logs", "train.log"}
+
+
+def refuse_to_overwrite(run_dir: Path) -> None:
+    """A one-line error where a new run in ``run_dir`` would overwrite what is there: the
+    checkpoints of a run that cannot be resumed, or files no run of ours wrote (an export,
+    another tool's output)."""
+    if not run_dir.is_dir():
+        return
+    if earlier := sorted(str(path.relative_to(run_dir)) for path in run_dir.rglob("*.ckpt")):
+        raise NMTError(f"{run_dir} holds checkpoints ({', '.join(earlier)}) of a run that "
+                       "cannot be resumed (that needs last.ckpt and config.yaml); choose "
+                       "another --run-dir, or move them away")
+    if others := sorted(path.name for path in run_dir.iterdir() if path.name not in STARTED_RUN):
+        raise NMTError(f"{run_dir} holds files a new run would mix with or overwrite "
+                       f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); choose "
+                       "another --run-dir")
 
 
 def forget_final_weights(run_dir: Path) -> None:

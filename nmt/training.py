@@ -171,8 +171,25 @@ class TranslationModule(L.LightningModule):
 def check_training_config(config: Config) -> None:
     """One-line errors for options that would fail only after data preparation, or never."""
     check_model_fits(config)
+    check_data_config(config)
     check_optim_config(config.optim)
     check_trainer_config(config)
+
+
+def check_data_config(config: Config) -> None:
+    """Sizes and counts of the data pipeline, the seed and the decoding beam."""
+    d = config.data
+    for key in ("max_len", "max_tokens", "eval_max_tokens", "vocab_size", "spm_sample"):
+        if getattr(d, key) < 1:
+            raise NMTError(f"data.{key} must be at least 1, got {getattr(d, key)}")
+    if d.train_lines is not None and d.train_lines < 1:
+        raise NMTError(f"data.train_lines must be at least 1 (or null: all), got {d.train_lines}")
+    if d.num_workers < 0:
+        raise NMTError(f"data.num_workers must be 0 or more, got {d.num_workers}")
+    if config.seed < 0:
+        raise NMTError(f"seed must be 0 or more, got {config.seed}")
+    if config.decoding.beam_size < 1:
+        raise NMTError(f"decoding.beam_size must be at least 1, got {config.decoding.beam_size}")
 
 
 def check_model_fits(config: Config) -> None:
@@ -194,6 +211,8 @@ def check_optim_config(optim: OptimConfig) -> None:
         raise NMTError(f"unknown schedule '{optim.schedule}'; choose one of: {', '.join(SCHEDULES)}")
     if not optim.lr > 0:
         raise NMTError(f"optim.lr must be above 0, got {optim.lr}")
+    if not 0 <= optim.label_smoothing < 1:
+        raise NMTError(f"optim.label_smoothing must be in [0, 1), got {optim.label_smoothing}")
     if len(optim.betas) != 2 or not all(0 <= beta < 1 for beta in optim.betas):
         raise NMTError(f"optim.betas must be two values in [0, 1), got {list(optim.betas)}")
     least = 1 if optim.schedule == "inverse_sqrt" else 0  # it divides by the warm-up
@@ -217,6 +236,11 @@ def check_trainer_config(config: Config) -> None:
             interval >= 1 if isinstance(interval, int) else 0 < interval <= 1):
         raise NMTError(f"trainer.val_check_interval {interval}: give a number of batches (1 or "
                        "more), a fraction of an epoch in (0, 1], or a time DD:HH:MM:SS")
+    if t.max_epochs == 0 or t.max_steps == 0:
+        raise NMTError("trainer.max_epochs and trainer.max_steps of 0 train nothing: give a budget "
+                       "(-1: no limit)")
+    if t.gradient_clip_val is not None and t.gradient_clip_val < 0:
+        raise NMTError(f"trainer.gradient_clip_val must be 0 (off) or more, got {t.gradient_clip_val}")
     if t.accumulate_grad_batches < 1:
         raise NMTError(f"trainer.accumulate_grad_batches must be at least 1, got "
                        f"{t.accumulate_grad_batches}")
@@ -233,6 +257,8 @@ def train(config: Config) -> Path:
     resume_from = check_resumable(config, run_dir)
     trainer = build_trainer(config, run_dir)  # Lightning checks its own options here
     data = prepare_data(config.data)
+    if len(data.text["val"]) == 0:  # else it fails at the first validation, after training
+        raise NMTError("the validation split is empty: training validates and keeps checkpoints by it")
     L.seed_everything(config.seed, workers=True, verbose=False)  # the weights: the seed's alone
     model = build_model(config.model, len(data.tokenizer))
     run_dir.mkdir(parents=True, exist_ok=True)

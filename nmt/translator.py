@@ -8,6 +8,7 @@ with a warning on stderr.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,8 @@ def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None
     alpha = dec.alpha if alpha is None else alpha
     if beam_size < 1 or not 1 <= nbest <= beam_size:
         raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, nbest {nbest}")
+    if not math.isfinite(alpha):
+        raise NMTError(f"the length penalty alpha must be a number, got {alpha}")
     if dec.prune_margin is not None and not dec.prune_margin >= 0:  # NaN too
         raise NMTError(f"the prune margin must be >= 0 nats or none, got {dec.prune_margin}")
     return beam_size, alpha

@@ -153,3 +153,21 @@ def test_a_run_past_its_best_validation_ends_with_averaged_weights(tmp_path, cap
     assert json.loads((run / "train_stats.json").read_text())["final_weights"] == "averaged.ckpt"
     assert main(["evaluate", "--checkpoint", str(run), "--beam", "1"]) == 0
     assert json.loads((run / "eval" / "test.beam1.json").read_text())["weights"] == "averaged.ckpt"
+
+
+@pytest.mark.parametrize("out", ["best.ckpt", "last.ckpt", "steps/step9.ckpt"])
+def test_the_average_never_overwrites_the_runs_own_checkpoints(tmp_path, out):
+    _save(tmp_path / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
+    _save(tmp_path / "best.ckpt", {"model.w": torch.zeros(2)})
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.ckpt")}
+    with pytest.raises(NMTError, match="one of the run's own checkpoints"):
+        average_run(tmp_path, out=tmp_path / out)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.ckpt")} == before
+
+
+def test_an_average_that_cannot_be_written_leaves_no_temporary_file(tmp_path):
+    _save(tmp_path / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
+    (tmp_path / "a_folder").mkdir()
+    with pytest.raises(NMTError, match="a_folder is a directory"):
+        average_run(tmp_path, out=tmp_path / "a_folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_folder", "steps"]

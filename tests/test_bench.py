@@ -99,3 +99,16 @@ def test_decoding_runs_in_the_chosen_precision(tiny, precision, dtype):
     hook.remove()
     assert seen and set(seen) == {dtype}
     assert all(isinstance(h[0].score, float) for h in hyps)
+
+
+def _dies(results) -> None:
+    raise SystemExit(3)
+
+
+def test_a_bench_data_stage_that_dies_is_an_error_not_a_wait():
+    """A stage process that crashed before reporting left bench data waiting for ever."""
+    from nmt.bench_data import _in_fresh_process
+    from nmt.errors import NMTError
+
+    with pytest.raises(NMTError, match=r"the dies process failed \(exit 3\)"):
+        _in_fresh_process(_dies)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import os
 import shutil
@@ -399,3 +400,30 @@ def test_rerunning_a_finished_run_changes_nothing(corpus, run, tmp_path):
     assert len(validations) == len(_validations(run))
     for name, value in _weights(run / "last.ckpt").items():
         torch.testing.assert_close(_weights(copy / "last.ckpt")[name], value, msg=name)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"- a list\n- of items\n", "must hold sections of options (a mapping), not a list"),
+    (b"model: {dropout: 0.1}\n# \xff\n", "is not valid YAML"),
+])
+def test_a_config_file_that_is_not_a_mapping_of_utf8_yaml_is_one_line(tmp_path, capsys, content,
+                                                                       message):
+    (tmp_path / "bad.yaml").write_bytes(content)
+    assert main(["train", "--config", str(tmp_path / "bad.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_damaged_gzip_corpus_is_one_line(tmp_path, capsys):
+    files = write_corpus(tmp_path)
+    source = tmp_path / "train.de.gz"
+    with gzip.open(source, "wb") as f:
+        f.write(open(files["train"][0], "rb").read())
+    source.write_bytes(source.read_bytes()[:-20])  # truncated: no end of stream
+    assert main(["prepare", "--config", "configs/transformer.yaml",
+                 f"data.train_files=[{source},{files['train'][1]}]",
+                 f"data.val_files=[{','.join(files['val'])}]", f"data.data_dir={tmp_path / 'data'}",
+                 "data.vocab_size=100"]) == 1
+    err = capsys.readouterr().err
+    assert "train.de.gz: damaged gzip file" in err and "Traceback" not in err
+    assert err.count("error:") == 1  # after the "preparing ..." line

@@ -29,3 +29,23 @@ def test_file_stem_names_each_option_given():
                           prune_margin=margin_name(None))
     assert stem == "val.beam4.step30.alpha1.bf16-mixed.prune-none"
     assert eval_file_stem("test", 2, prune_margin=margin_name(2.50)) == "test.beam2.prune-2.5"
+
+
+def test_weights_from_outside_the_run_never_share_the_runs_file_names():
+    """evaluate --weights /elsewhere/averaged.ckpt overwrote RUN/eval/test.beam5.averaged.*,
+    the run's own averaged weights' scores."""
+    own = eval_file_stem("test", 5, weights="averaged.ckpt")
+    other = eval_file_stem("test", 5, weights="/elsewhere/averaged.ckpt")
+    third = eval_file_stem("test", 5, weights="/another/averaged.ckpt")
+    assert own == "test.beam5.averaged" and len({own, other, third}) == 3
+    assert other.startswith("test.beam5.averaged-")
+
+
+def test_a_length_penalty_that_is_not_a_number_is_refused():
+    """--alpha nan decoded, scored every hypothesis nan and wrote "alpha": NaN, not JSON."""
+    from nmt.config import DecodingConfig
+    from nmt.translator import decoding_options
+
+    assert decoding_options(DecodingConfig(), 5, 1, 1.4) == (5, 1.4)
+    with pytest.raises(NMTError, match="alpha must be a number, got nan"):
+        decoding_options(DecodingConfig(), 5, 1, float("nan"))

@@ -187,3 +187,14 @@ def test_a_run_saved_before_an_option_existed_resumes_only_with_what_it_did(
     assert main(args(corpus, tmp_path)) == 1
     assert f"trained with {refused}" in capsys.readouterr().err
     assert main(args(corpus, tmp_path, value)) == 0
+
+
+def test_a_folder_holding_other_files_is_not_trained_into(corpus, tmp_path, capsys):
+    """An export (model.bin, its own config.yaml and spm.model) named as --run-dir had its
+    config.yaml and spm.model overwritten by the new run's, and translated garbage after."""
+    (tmp_path / "model.bin").write_bytes(b"an exported model")
+    (tmp_path / "config.yaml").write_text("exported: true\n")
+    assert main(args(corpus, tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert "holds files a new run would mix with or overwrite (model.bin)" in err
+    assert err.count("\n") == 1 and (tmp_path / "config.yaml").read_text() == "exported: true\n"

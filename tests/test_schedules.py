@@ -165,6 +165,18 @@ def test_early_stopping_waits_its_patience_and_0_trains_to_the_budget(tmp_path, 
     ("trainer.strategy=bogus", "trainer option rejected by Lightning: You selected an invalid strategy"),
     ("trainer.devices=0", "trainer option rejected by Lightning: `Trainer(devices=0)`"),
     ("data.max_len=600", "data.max_len 600 must be below the model's max_positions 512"),
+    ("model.d_model=0", "model.d_model must be at least 1, got 0"),
+    ("model.heads=3", "model.heads 3 must divide model.d_model 32"),
+    ("model.dropout=1.5", "model.dropout must be in [0, 1), got 1.5"),
+    ("data.max_tokens=0", "data.max_tokens must be at least 1, got 0"),
+    ("data.max_len=0", "data.max_len must be at least 1, got 0"),
+    ("data.train_lines=-5", "data.train_lines must be at least 1 (or null: all), got -5"),
+    ("data.num_workers=-1", "data.num_workers must be 0 or more, got -1"),
+    ("--seed -1", "seed must be 0 or more, got -1"),
+    ("decoding.beam_size=0", "decoding.beam_size must be at least 1, got 0"),
+    ("optim.label_smoothing=2", "optim.label_smoothing must be in [0, 1), got 2"),
+    ("trainer.max_steps=0", "trainer.max_epochs and trainer.max_steps of 0 train nothing"),
+    ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val must be 0 (off) or more, got -1"),
 ])
 def test_a_bad_training_option_is_a_one_line_error_before_anything_is_written(
         tmp_path, capsys, option, message):
@@ -187,3 +199,14 @@ def test_a_validation_interval_given_as_a_time_is_lightnings_to_check(tmp_path):
                                                       "trainer.accelerator=cpu"])
     check_training_config(config)
     assert build_trainer(config, tmp_path)._val_check_time_interval == 30 * 60  # seconds
+
+
+def test_an_empty_validation_split_is_refused_before_training(tmp_path, capsys):
+    """It failed with an IndexError at the end, after the whole budget had trained."""
+    files = write_corpus(tmp_path)
+    for path in files["val"]:
+        open(path, "w").close()
+    assert main(tiny_train_args(files, tmp_path / "run", tmp_path / "data")) != 0
+    err = capsys.readouterr().err
+    assert "the validation split is empty" in err and "Traceback" not in err
+    assert not (tmp_path / "run" / "last.ckpt").exists()

@@ -130,7 +130,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     run_dir = Path(args.checkpoint)
     hyps, scores = evaluate_split(translator, run_dir, args.split, args.beam, args.alpha)
     margin = margin_name(translator.config.decoding.prune_margin) if args.prune_margin else None
-    stem = eval_file_stem(args.split, scores["beam"], args.weights, args.alpha, args.precision, margin)
+    weights = scores.get("weights") if args.weights else None  # inside the run: relative
+    stem = eval_file_stem(args.split, scores["beam"], weights, args.alpha, args.precision, margin)
     write_evaluation(run_dir / "eval", stem, hyps, scores)
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,7 +129,10 @@ def read_lines(path: str) -> Iterator[list[str]]:
     done, rest = 0, b""
     with opener(path, "rb") as f:
         while True:
-            block = f.read(CHUNK_BYTES)
+            try:
+                block = f.read(CHUNK_BYTES)
+            except (EOFError, gzip.BadGzipFile, zlib.error) as err:  # truncated or not gzip
+                raise NMTError(f"{path}: damaged gzip file ({err})") from None
             data = rest + block
             cut = len(data) if not block else data.rfind(b"\n") + 1  # whole lines only
             data, rest = data[:cut], data[cut:]
