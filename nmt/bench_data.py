@@ -123,7 +123,7 @@ def _in_fresh_process(target, *args) -> dict:
             out = results.get(timeout=1.0)
             break
         except queue.Empty:
-            if not process.is_alive():
+            if not process.is_alive() and results.empty():  # it may have put, then ended
                 raise NMTError(f"the {target.__name__.strip('_')} process failed "
                                f"(exit {process.exitcode}); its error is above") from None
     process.join()

@@ -81,7 +81,8 @@ def refuse_to_overwrite(run_dir: Path) -> None:
         raise NMTError(f"{run_dir} holds checkpoints ({', '.join(earlier)}) of a run that "
                        "cannot be resumed (that needs last.ckpt and config.yaml); choose "
                        "another --run-dir, or move them away")
-    if others := sorted(path.name for path in run_dir.iterdir() if path.name not in STARTED_RUN):
+    if others := sorted(path.name for path in run_dir.iterdir()
+                        if path.name not in STARTED_RUN and not path.name.startswith(".")):
         raise NMTError(f"{run_dir} holds files a new run would mix with or overwrite "
                        f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); choose "
                        "another --run-dir")

@@ -189,6 +189,15 @@ def test_a_bad_training_option_is_a_one_line_error_before_anything_is_written(
     assert not (tmp_path / "run").exists() and not (tmp_path / "data").exists()
 
 
+@pytest.mark.parametrize("config, option", [("transformer", "model.dropout=0"),
+                                            ("transformer", "model.attention_dropout=0"),
+                                            ("rnn_bahdanau", "model.dropout=0")])
+def test_dropout_0_given_as_a_whole_number_is_valid(config, option):
+    from nmt.training import check_training_config
+
+    check_training_config(load_config(f"configs/{config}.yaml", [option]))
+
+
 def test_a_validation_interval_given_as_a_time_is_lightnings_to_check(tmp_path):
     """Lightning validates every DD:HH:MM:SS of training time where the interval is a time;
     only numbers are checked here."""

@@ -36,7 +36,7 @@ def check_model_config(model_cfg: dict[str, Any]) -> tuple[type[nn.Module], dict
         expected = type(params[key].default)
         if not isinstance(value, expected) and not (expected is float and isinstance(value, int)):
             raise NMTError(f"model.{key} must be {expected.__name__}, got {value!r}")
-        check_model_value(key, value)
+        check_model_value(key, value, expected)
     heads = kwargs.get("heads", params["heads"].default) if "heads" in params else 1
     if "d_model" in params and kwargs.get("d_model", params["d_model"].default) % heads:
         raise NMTError(f"model.heads {heads} must divide model.d_model "
@@ -44,11 +44,12 @@ def check_model_config(model_cfg: dict[str, Any]) -> tuple[type[nn.Module], dict
     return cls, kwargs
 
 
-def check_model_value(key: str, value: Any) -> None:
-    """Sizes and counts are at least 1; dropout probabilities lie in [0, 1)."""
+def check_model_value(key: str, value: Any, expected: type) -> None:
+    """Sizes and counts (the options whose default is an int) are at least 1; dropout
+    probabilities lie in [0, 1) (``dropout: 0`` is a float option given as an int)."""
     if "dropout" in key and not 0 <= value < 1:
         raise NMTError(f"model.{key} must be in [0, 1), got {value}")
-    if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+    if expected is int and value < 1:
         raise NMTError(f"model.{key} must be at least 1, got {value}")
 
 
