@@ -12,7 +12,6 @@ last.ckpt (``nmt.resume``).
 from __future__ import annotations
 
 import datetime
-import inspect
 import json
 import math
 import shutil
@@ -32,7 +31,7 @@ from nmt.files import write_atomic
 from nmt.loss import smoothed_cross_entropy
 from nmt.memory import peak_memory_mb
 from nmt.metrics import bleu_from_statistics, bleu_statistics
-from nmt.models import build_model, check_model_config
+from nmt.models import build_model, check_model_config, model_option
 from nmt.provenance import code_commit, device_name
 from nmt.resume import check_resumable, forget_final_weights
 from nmt.schedules import SCHEDULERS, SCHEDULES, steps_per_epoch
@@ -115,7 +114,11 @@ class TranslationModule(L.LightningModule):
         target tokens, seconds in training steps, and wall-clock seconds."""
         return {"tgt_tokens": self.totals["tgt_tokens"] + int(self._epoch_tokens),
                 "step_seconds": self.totals["step_seconds"] + self._epoch_seconds,
-                "wall_seconds": self.totals["wall_seconds"] + time.perf_counter() - self._fit_start}
+                "wall_seconds": self.wall_seconds()}
+
+    def wall_seconds(self) -> float:
+        """Wall-clock seconds of the whole run so far, validation and resumed segments included."""
+        return self.totals["wall_seconds"] + time.perf_counter() - self._fit_start
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["nmt_totals"] = self.run_totals()
@@ -150,7 +153,7 @@ class TranslationModule(L.LightningModule):
         self.log("val_bleu", bleu_from_statistics(stats.tolist()), prog_bar=True)
         self.validated_step = self.global_step
         # Wall-clock minutes since the run began (resumed segments included): learning curves.
-        self.log("wall_minutes", self.run_totals()["wall_seconds"] / 60)
+        self.log("wall_minutes", self.wall_seconds() / 60)
 
     def _fused_adam(self) -> bool:
         """Adam's fused kernel updates every parameter in one pass instead of ~10 operators
@@ -195,7 +198,7 @@ def check_data_config(config: Config) -> None:
 def check_model_fits(config: Config) -> None:
     """The model's options, and the data and dropout options that depend on the model."""
     cls, kwargs = check_model_config(config.model)
-    max_positions = kwargs.get("max_positions", inspect.signature(cls).parameters["max_positions"].default)
+    max_positions = model_option(cls, kwargs, "max_positions")
     if config.data.max_len >= max_positions:
         raise NMTError(f"data.max_len {config.data.max_len} must be below the model's "
                        f"max_positions {max_positions}")

@@ -37,11 +37,15 @@ def check_model_config(model_cfg: dict[str, Any]) -> tuple[type[nn.Module], dict
         if not isinstance(value, expected) and not (expected is float and isinstance(value, int)):
             raise NMTError(f"model.{key} must be {expected.__name__}, got {value!r}")
         check_model_value(key, value, expected)
-    heads = kwargs.get("heads", params["heads"].default) if "heads" in params else 1
-    if "d_model" in params and kwargs.get("d_model", params["d_model"].default) % heads:
-        raise NMTError(f"model.heads {heads} must divide model.d_model "
-                       f"{kwargs.get('d_model', params['d_model'].default)}")
+    if "heads" in params and model_option(cls, kwargs, "d_model") % model_option(cls, kwargs, "heads"):
+        raise NMTError(f"model.heads {model_option(cls, kwargs, 'heads')} must divide model.d_model "
+                       f"{model_option(cls, kwargs, 'd_model')}")
     return cls, kwargs
+
+
+def model_option(cls: type[nn.Module], kwargs: dict[str, Any], name: str) -> Any:
+    """The value of the family's constructor argument ``name``: given, or its default."""
+    return kwargs.get(name, inspect.signature(cls).parameters[name].default)
 
 
 def check_model_value(key: str, value: Any, expected: type) -> None:
