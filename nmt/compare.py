@@ -83,12 +83,13 @@ class Cell:
 def load_compare_config(path: str | None) -> CompareConfig:
     schema = OmegaConf.structured(CompareConfig)
     try:
-        layers = [OmegaConf.create(yaml.safe_load(Path(path).read_text()) or {})] if path else []
+        layers = [OmegaConf.create(yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+                  ] if path else []
         return OmegaConf.to_object(OmegaConf.merge(schema, *layers))
     except FileNotFoundError:
         raise NMTError(f"compare config not found: {path}") from None
-    except OmegaConfBaseException as err:
-        raise NMTError(f"bad compare config: {str(err).splitlines()[0]}") from None
+    except (yaml.YAMLError, UnicodeDecodeError, OmegaConfBaseException) as err:
+        raise NMTError(f"bad compare config {path}: {str(err).splitlines()[0]}") from None
 
 
 def preset_of(cfg: CompareConfig, preset: str) -> PresetConfig:
@@ -139,8 +140,13 @@ NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar",),
 
 
 def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
-    """A 12-hex hash of the fully resolved configuration, and that configuration."""
-    resolved = to_dict(load_config(config_file, overrides))
+    """A 12-hex hash of the fully resolved configuration, and that configuration; a one-line
+    error for options training would refuse (also where no cell is trained: --tables-only)."""
+    from nmt.training import check_training_config  # Lightning: only once cells are keyed
+
+    config = load_config(config_file, overrides)
+    check_training_config(config)
+    resolved = to_dict(config)
     for section, keys in NOT_IN_KEY.items():
         for key in keys:
             (resolved[section] if section else resolved).pop(key, None)

@@ -9,6 +9,28 @@ from __future__ import annotations
 from nmt.errors import NMTError
 
 ENGINES = ("torch", "ctranslate2")
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def decoding_device(device: str | None) -> str:
+    """``device`` (cpu, cuda or cuda:N) checked against this machine; None: cuda where
+    available, else cpu."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device)
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind is None or kind.type not in DEVICE_TYPES:
+        raise NMTError(f"unknown device '{device}'; choose cpu, cuda or cuda:N")
+    if kind.type == "cuda" and not torch.cuda.is_available():
+        raise NMTError(f"--device {device} asked for, but no CUDA device is available")
+    if kind.type == "cuda" and (kind.index or 0) >= torch.cuda.device_count():
+        raise NMTError(f"--device {device}: this machine has {torch.cuda.device_count()} "
+                       "CUDA device(s), numbered from 0")
+    return device
 
 
 def check_engine_options(engine: str, weights: str | None, precision: str | None) -> None:
@@ -31,6 +53,7 @@ def load_translator(path: str, engine: str = "torch", device: str | None = None,
     and how many sentences are decoded together, for ``auto``) for torch; a directory
     written by ``nmt export`` for ctranslate2."""
     check_engine_options(engine, weights, precision)
+    device = decoding_device(device)
     if engine == "torch":
         from nmt.translator import Translator
 

@@ -16,7 +16,6 @@ weights. What has to match our ``TransformerModel`` exactly:
 
 from __future__ import annotations
 
-import inspect
 import shutil
 from pathlib import Path
 
@@ -28,7 +27,9 @@ from torch import nn
 
 from nmt.config import Config, load_config
 from nmt.data.tokenizer import Tokenizer
+from nmt.engines import decoding_device
 from nmt.errors import NMTError
+from nmt.models import model_option
 from nmt.models.transformer import TransformerModel
 from nmt.plots import EOS_PIECE
 from nmt.search import length_penalty, max_output_lengths
@@ -159,9 +160,10 @@ class CTranslate2Translator:
                            f"nmt export --checkpoint RUN --format ctranslate2 --out {model_dir}")
         self.config = load_config(model_dir / "config.yaml")
         self.tokenizer = Tokenizer(model_dir / "spm.model")
-        default = inspect.signature(TransformerModel).parameters["max_positions"].default
-        self.max_positions = self.config.model.get("max_positions", default)
-        self.engine = ctranslate2.Translator(str(model_dir), device=device or "cpu",
+        self.max_positions = model_option(TransformerModel, self.config.model, "max_positions")
+        device = torch.device(decoding_device(device))  # CTranslate2 takes the index apart
+        self.engine = ctranslate2.Translator(str(model_dir), device=device.type,
+                                             device_index=device.index or 0,
                                              intra_threads=threads or torch.get_num_threads())
 
     def encode_lines(self, lines: list[str], warn: bool = True) -> list[list[int]]:

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from nmt.attention_stats import translation_attention  # noqa: E402
@@ -155,6 +156,14 @@ def save_line_panels(path: str | Path, panels: list[tuple[str, dict[str, tuple[l
     fig.suptitle(title)
     fig.tight_layout()
     _save(fig, path)
+
+
+def check_picture_path(path: str | Path) -> None:
+    """A one-line error, before any work, where matplotlib cannot write a picture named ``path``."""
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if Path(path).suffix.lstrip(".").lower() not in formats:
+        raise NMTError(f"cannot draw a picture named {path}: end its name with one of "
+                       f"{', '.join('.' + name for name in sorted(formats))}")
 
 
 def _save(fig, path: str | Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 import yaml
 
 from nmt.config import ADDED_SINCE, Config, to_dict
@@ -51,6 +52,7 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
         before = _flat(yaml.safe_load(saved.read_text()))
     except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
         raise NMTError(f"{saved} is damaged: cannot resume this run; choose another --run-dir") from None
+    check_loadable(last)
     now = _flat(to_dict(config))
     # An option added after the run was saved did what the run did: ADDED_SINCE says what
     # that was where the built-in default does otherwise.
@@ -64,6 +66,23 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
                 f"{now.get(key)!r}; resume it with the same value, or choose another --run-dir"
             )
     return last
+
+
+# What Lightning reads from a checkpoint to resume: the weights, the optimizer and schedule,
+# and where the loops stood.
+RESUME_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "loops")
+
+
+def check_loadable(last: Path) -> None:
+    """A one-line error, before anything is written, where ``last`` cannot be resumed from (a
+    copy cut short, a file of something else). Memory-mapped: nothing is read but the index."""
+    try:
+        checkpoint = torch.load(last, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as err:  # unpickling, a zip archive cut short, an empty file, ...
+        checkpoint = err
+    if not isinstance(checkpoint, dict) or not all(key in checkpoint for key in RESUME_KEYS):
+        raise NMTError(f"{last} is damaged or not a training checkpoint: cannot resume this run; "
+                       "restore it, or choose another --run-dir") from None
 
 
 # What a new run writes into its directory before its first checkpoint (compare's cells:

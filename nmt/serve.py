@@ -20,7 +20,6 @@ raises there: LitServe answers every request of a batch with the error a batch r
 rejected request travels through the batch as a ``Rejected`` and only its own answer is a 400.
 """
 
-import inspect
 import json
 import os
 import signal
@@ -41,7 +40,7 @@ from nmt.config import load_config
 from nmt.data.tokenizer import Tokenizer
 from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError
-from nmt.models import build_model
+from nmt.models import build_model, model_option
 from nmt.plots import EOS_PIECE, attention_matrix
 from nmt.translator import find_checkpoint
 
@@ -95,7 +94,7 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
     if not isinstance(attention, bool):
         return Rejected(f"'attention' must be true or false, got {json.dumps(attention)}")
     if model not in models:
-        return Rejected(f"unknown model {model!r}; served: {', '.join(models)}")
+        return Rejected(f"unknown model {json.dumps(model)}; served: {', '.join(models)}")
     return Job(texts, beam, attention, model)
 
 
@@ -132,7 +131,7 @@ class TranslationAPI(litserve.LitAPI):
         """Load every model and translate one sentence with each, so that one-time costs
         (kernel initialisation, first allocations: seconds on a CPU) are paid before /health
         says ready, not by the first requests."""
-        self.translators = {name: load_translator(path, self.engine, device.split(":")[0],
+        self.translators = {name: load_translator(path, self.engine, device,
                                                   self.weights, self.precision, self.max_batch_size)
                             for name, path in self.runs.items()}
         for translator in self.translators.values():
@@ -203,9 +202,8 @@ def model_info(name: str, path: str, engine: str) -> dict:
     config = load_config(Path(path) / "config.yaml")
     with torch.device("meta"):  # shapes only: counting parameters allocates nothing
         model = build_model(config.model, len(Tokenizer(Path(path) / "spm.model")))
-    defaults = inspect.signature(type(model)).parameters
     return {"name": name, "family": config.model["family"],
-            "attention": config.model.get("attention", defaults["attention"].default),
+            "attention": model_option(type(model), config.model, "attention"),
             "src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
             "parameters": sum(p.numel() for p in model.parameters()), "engine": engine}
 

@@ -22,6 +22,7 @@ from sacrebleu.metrics import BLEU
 from nmt.attention_stats import attention_statistics, teacher_forced_weights
 from nmt.data.batching import PairDataset
 from nmt.data.module import decoding_loader
+from nmt.errors import NMTError
 from nmt.evaluate import best_translations, split_pairs
 from nmt.files import write_atomic
 from nmt.metrics import score_corpus
@@ -33,9 +34,19 @@ HYPOTHESES = "hyps.txt"
 
 
 def read_record(folder: Path) -> dict | None:
-    """The cell's record, or None if it has none (yet)."""
+    """The cell's record, or None if it has none (yet); a one-line error for one that is not
+    a record (written by hand, or by another tool)."""
     path = folder / RECORD
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        record = err
+    if not isinstance(record, dict) or "key" not in record:
+        raise NMTError(f"{path} is not a cell's record; delete it, and compare records the "
+                       "cell again")
+    return record
 
 
 def read_hypotheses(folder: Path) -> list[str]:

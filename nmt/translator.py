@@ -19,6 +19,7 @@ from nmt.config import Config, existing_run_dir, load_config
 from nmt.data.batching import PairDataset
 from nmt.data.module import decoding_loader
 from nmt.data.tokenizer import Tokenizer
+from nmt.engines import decoding_device
 from nmt.errors import NMTError
 from nmt.models import build_model
 from nmt.plots import EOS_PIECE
@@ -129,9 +130,7 @@ class Translator:
         run_dir = existing_run_dir(run_dir)
         config = load_config(run_dir / "config.yaml")
         tokenizer = Tokenizer(run_dir / "spm.model")
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise NMTError("--device cuda asked for, but no CUDA device is available")
+        device = decoding_device(device)
         model = build_model(config.model, len(tokenizer))
         path = find_checkpoint(run_dir, weights)
         try:

@@ -44,6 +44,13 @@ def test_bench_attention(tmp_path, capsys):
     assert set(summary["exponents"]) == set(SCORERS)
 
 
+def test_bench_attention_refuses_a_picture_name_matplotlib_cannot_write(tmp_path, capsys):
+    assert main(["bench", "attention", "--plot", str(tmp_path / "times.txt")]) == 1
+    out, err = capsys.readouterr()
+    assert "cannot draw a picture named" in err and ".png" in err and "Traceback" not in err
+    assert out == ""  # refused before anything was timed
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bench")

@@ -184,6 +184,35 @@ def test_unknown_preset_is_an_error(study, capsys):
     assert "unknown preset 'nope'; choose one of: a, b" in capsys.readouterr().err
 
 
+def test_options_training_would_refuse_are_refused_by_tables_only_too(study, capsys):
+    run, out, _, _ = study
+    before = (out / "a" / "compare.json").read_text()
+    assert run("a", "--tables-only", "--model.bogus", "3") == 1
+    err = capsys.readouterr().err
+    assert "bogus" in err and "Traceback" not in err
+    assert (out / "a" / "compare.json").read_text() == before  # the tables stay as they were
+
+
+def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
+    run, out, _, _ = study
+    record = out / "a" / "cells" / "rnn_dot_seed1" / "record.json"
+    kept = record.read_bytes()
+    try:
+        for damage in (b'{"key": ', b"[1, 2]", b"\xff\xfe"):
+            record.write_bytes(damage)
+            assert run("a", "--tables-only") == 1
+            err = capsys.readouterr().err
+            assert f"{record} is not a cell's record" in err and "Traceback" not in err
+    finally:
+        record.write_bytes(kept)
+    bad = tmp_path / "compare.yaml"
+    for text in ("presets: [a: b", "\udcff"):
+        bad.write_text(text, errors="surrogateescape")
+        assert main(["compare", "--config", str(bad), "--preset", "a", "--tables-only"]) == 1
+        err = capsys.readouterr().err
+        assert f"bad compare config {bad}" in err and "Traceback" not in err
+
+
 def test_heatmap_of_known_alignment_has_shape_and_labels():
     import matplotlib.pyplot as plt
 

@@ -413,12 +413,17 @@ def test_prepare_command_and_a_bad_line(tmp_path, capsys):
 
 
 def test_empty_training_corpus_is_a_clear_error(tmp_path):
-    for name in ("a", "b", "c", "d"):
-        (tmp_path / name).write_text("" if name in "ab" else "x\n")
+    for name in ("c", "d"):
+        (tmp_path / name).write_text("x\n")
     cfg = DataConfig(data_dir=str(tmp_path / "data"), train_files=[str(tmp_path / "a"),
                      str(tmp_path / "b")], val_files=[str(tmp_path / "c"), str(tmp_path / "d")])
-    with pytest.raises(NMTError, match="SentencePiece training failed"):
-        prepare(cfg)
+    for text in ("", "\n \n\t\n"):  # no lines; blank lines only
+        for name in ("a", "b"):
+            (tmp_path / name).write_text(text)
+        with pytest.raises(NMTError, match=f"the training split \\({tmp_path / 'a'}, "
+                                           f"{tmp_path / 'b'}\\) holds no text"):
+            prepare(cfg)
+        assert not list((tmp_path / "data" / "prepared").iterdir())  # nothing half-made left
 
 
 def test_under_ddp_only_local_rank_0_prepares(tmp_path, monkeypatch):

@@ -140,6 +140,21 @@ def test_bench_decode_unknown_engine(run, capsys):
     assert "unknown engine 'onnx'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("device,message", [
+    ("tpu", "unknown device 'tpu'; choose cpu, cuda or cuda:N"),
+    ("cuda", "no CUDA device is available") if not torch.cuda.is_available()
+    else ("cuda:99", "CUDA device(s), numbered from 0"),
+])
+def test_bad_device_for_either_engine_is_one_line(run, exported, tmp_path, capsys, device, message):
+    source = tmp_path / "in.txt"
+    source.write_text("haus\n", encoding="utf-8")
+    for engine, model in (("torch", run), ("ctranslate2", exported)):
+        assert main(["translate", "--checkpoint", str(model), "--engine", engine,
+                     "--input", str(source), "--device", device]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and "damaged" not in err
+
+
 def test_precision_is_for_the_torch_engine(run, tmp_path, capsys):
     out = tmp_path / "ct2"
     assert main(["export", "--checkpoint", str(run), "--format", "ctranslate2", "--out", str(out)]) == 0

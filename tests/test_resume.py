@@ -166,6 +166,24 @@ def test_checkpoints_that_cannot_be_resumed_are_not_overwritten(corpus, tmp_path
     assert "holds checkpoints (steps/step1.ckpt)" in capsys.readouterr().err
 
 
+def test_a_damaged_last_checkpoint_is_one_line_and_kept(corpus, tmp_path, capsys):
+    assert main(args(corpus, tmp_path, "trainer.max_steps=1")) == 0
+    last, best = tmp_path / "last.ckpt", (tmp_path / "best.ckpt").read_bytes()
+    whole = last.read_bytes()
+    weights_only = checkpoint(tmp_path)
+    del weights_only["loops"]  # a checkpoint, but not one to resume from
+    torch.save(weights_only, last)
+    for damage in (None, whole[: len(whole) // 2], b""):  # None: the one without loops
+        if damage is not None:
+            last.write_bytes(damage)
+        kept = last.read_bytes()
+        capsys.readouterr()
+        assert main(args(corpus, tmp_path, "trainer.max_steps=2")) == 1
+        err = capsys.readouterr().err
+        assert f"{last} is damaged or not a training checkpoint" in err and err.count("\n") == 1
+        assert last.read_bytes() == kept and (tmp_path / "best.ckpt").read_bytes() == best
+
+
 @pytest.mark.parametrize("dropped, refused, value", [
     ("long_run_", "optim.long_run_dropout=None, not 0.2", "optim.long_run_dropout=null"),
     ("best_metric", "trainer.best_metric='val_bleu', not 'val_loss'", "trainer.best_metric=val_bleu"),

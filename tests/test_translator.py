@@ -1,9 +1,11 @@
-"""Output formats of the translator."""
+"""Output formats of the translator, and the device it decodes on."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
+from nmt.errors import NMTError
 from nmt.translator import Translation, moses_nbest
 
 
@@ -21,3 +23,22 @@ def test_moses_nbest_has_four_fields_and_score_is_logprob_over_lp():
         logprob, lp = float(values[1]), float(values[3])
         assert values[0::2] == ["logprob=", "lp="]
         assert float(score) == pytest.approx(logprob / lp, abs=1e-4)
+
+
+def test_decoding_device_is_checked_against_the_machine(monkeypatch):
+    """A two-GPU machine, played: the index is kept (serve's workers each take their own GPU)
+    and checked; other device kinds are refused."""
+    from nmt.engines import decoding_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert decoding_device(None) == "cuda"
+    assert [decoding_device(d) for d in ("cpu", "cuda", "cuda:1")] == ["cpu", "cuda", "cuda:1"]
+    for device, message in (("cuda:2", r"has 2 CUDA device\(s\)"), ("mps", "unknown device 'mps'"),
+                            ("gpu0", "unknown device 'gpu0'")):
+        with pytest.raises(NMTError, match=message):
+            decoding_device(device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert decoding_device(None) == "cpu"
+    with pytest.raises(NMTError, match="no CUDA device is available"):
+        decoding_device("cuda:0")

@@ -104,7 +104,9 @@ def cmd_bench_attention(args: argparse.Namespace) -> None:
     if args.max_len < 32:
         raise NMTError(f"--max-len must be at least 32 (lengths 16, 32, ...), got {args.max_len}")
     from nmt.bench import bench_attention
+    from nmt.plots import check_picture_path
 
+    check_picture_path(args.plot)
     summary = bench_attention(args.max_len, args.batch, args.heads, args.head_dim, plot=args.plot)
     print_table(summary["rows"])
     print_table([{"scorer": k, "time_exponent": v["time"], "memory_exponent": v["memory"]}

@@ -50,6 +50,13 @@ def prepared_dir(cfg: DataConfig, sources: dict[str, Source]) -> Path:
     return Path(cfg.data_dir) / "prepared" / f"{name}.{'-'.join(langs)}.{digest}"
 
 
+def _described(source: Source) -> str:
+    """Two files' paths, or a dataset's name."""
+    if isinstance(source, (tuple, list)):
+        return ", ".join(map(str, source))
+    return getattr(source, "name", None) or "a dataset"
+
+
 def _sides(source: Source) -> list:
     identity = source_identity(source)
     return identity if len(identity) == 2 else identity * 2  # a dataset holds both sides
@@ -102,6 +109,9 @@ def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> dict[st
         seconds[stage], clock = time.perf_counter() - clock, time.perf_counter()
 
     src, tgt = sample_pairs(sources["train"], cfg.spm_sample, cfg.train_lines)
+    if not any(line.strip() for line in src + tgt):
+        raise NMTError(f"the training split ({_described(sources['train'])}) holds no text: "
+                       "nothing to train SentencePiece or the model on")
     lap("read and sample")
     tokenizer = train_tokenizer(src + tgt, folder / "spm.model", cfg.vocab_size)
     del src, tgt
