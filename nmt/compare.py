@@ -82,13 +82,14 @@ class Cell:
 
 def load_compare_config(path: str | None) -> CompareConfig:
     schema = OmegaConf.structured(CompareConfig)
+    if not path:
+        return OmegaConf.to_object(schema)
     try:
-        layers = [OmegaConf.create(yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
-                  ] if path else []
-        return OmegaConf.to_object(OmegaConf.merge(schema, *layers))
+        layer = OmegaConf.create(yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+        return OmegaConf.to_object(OmegaConf.merge(schema, layer))
     except FileNotFoundError:
         raise NMTError(f"compare config not found: {path}") from None
-    except (yaml.YAMLError, UnicodeDecodeError, OmegaConfBaseException) as err:
+    except (yaml.YAMLError, UnicodeDecodeError, OmegaConfBaseException, TypeError) as err:
         raise NMTError(f"bad compare config {path}: {str(err).splitlines()[0]}") from None
 
 

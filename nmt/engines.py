@@ -1,6 +1,6 @@
 """Which inference engine runs a model: our PyTorch ``Translator`` or CTranslate2.
 
-Both offer ``translate(lines, beam_size, nbest, alpha, need_attn)``, ``encode_lines``,
+Both offer ``translate(lines, beam_size, nbest, alpha, need_attn, first_line)``, ``encode_lines``,
 ``tokenizer`` and ``config``, so ``translate``, ``serve`` and ``bench decode`` take either.
 """
 
@@ -12,24 +12,26 @@ ENGINES = ("torch", "ctranslate2")
 DEVICE_TYPES = ("cpu", "cuda")
 
 
-def decoding_device(device: str | None) -> str:
-    """``device`` (cpu, cuda or cuda:N) checked against this machine; None: cuda where
-    available, else cpu."""
+def decoding_device(device: str | None, cuda_devices: int | None = None) -> str:
+    """``device`` (cpu, cuda or cuda:N) checked against the CUDA devices the engine sees
+    (``cuda_devices``; default: torch's); None: cuda where there is one, else cpu."""
     import torch
 
+    if cuda_devices is None:
+        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if cuda_devices else "cpu"
     try:
         kind = torch.device(device)
     except (RuntimeError, ValueError):
         kind = None
     if kind is None or kind.type not in DEVICE_TYPES:
         raise NMTError(f"unknown device '{device}'; choose cpu, cuda or cuda:N")
-    if kind.type == "cuda" and not torch.cuda.is_available():
-        raise NMTError(f"--device {device} asked for, but no CUDA device is available")
-    if kind.type == "cuda" and (kind.index or 0) >= torch.cuda.device_count():
-        raise NMTError(f"--device {device}: this machine has {torch.cuda.device_count()} "
-                       "CUDA device(s), numbered from 0")
+    if kind.type == "cuda" and not cuda_devices:
+        raise NMTError(f"device {device} asked for, but no CUDA device is available")
+    if kind.type == "cuda" and (kind.index or 0) >= cuda_devices:
+        raise NMTError(f"device {device} asked for, but there are {cuda_devices} CUDA "
+                       "device(s), numbered from 0")
     return device
 
 
@@ -53,7 +55,6 @@ def load_translator(path: str, engine: str = "torch", device: str | None = None,
     and how many sentences are decoded together, for ``auto``) for torch; a directory
     written by ``nmt export`` for ctranslate2."""
     check_engine_options(engine, weights, precision)
-    device = decoding_device(device)
     if engine == "torch":
         from nmt.translator import Translator
 

@@ -161,17 +161,19 @@ class CTranslate2Translator:
         self.config = load_config(model_dir / "config.yaml")
         self.tokenizer = Tokenizer(model_dir / "spm.model")
         self.max_positions = model_option(TransformerModel, self.config.model, "max_positions")
-        device = torch.device(decoding_device(device))  # CTranslate2 takes the index apart
+        # CPU unless asked (as before CUDA was checked); CTranslate2 takes the index apart
+        device = torch.device(decoding_device(device or "cpu", ctranslate2.get_cuda_device_count()))
         self.engine = ctranslate2.Translator(str(model_dir), device=device.type,
                                              device_index=device.index or 0,
                                              intra_threads=threads or torch.get_num_threads())
 
-    def encode_lines(self, lines: list[str], warn: bool = True) -> list[list[int]]:
+    def encode_lines(self, lines: list[str], warn: bool = True, first_line: int = 1) -> list[list[int]]:
         """Piece ids per line, cut to what the model accepts (room left for EOS)."""
-        return encode_truncated(self.tokenizer, lines, self.max_positions, warn)
+        return encode_truncated(self.tokenizer, lines, self.max_positions, warn, first_line)
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int = 1,
-                  alpha: float | None = None, need_attn: bool = False) -> list[list[Translation]]:
+                  alpha: float | None = None, need_attn: bool = False,
+                  first_line: int = 1) -> list[list[Translation]]:
         """Same contract as ``Translator.translate``; attention is (T, S): the last layer's
         cross-attention averaged over heads."""
         dec = self.config.decoding
@@ -179,7 +181,7 @@ class CTranslate2Translator:
         # greedy scores are raw, as greedy_search's (ours searches greedily for attention too,
         # but through beam_search, which divides by the length penalty)
         alpha = 0.0 if beam_size == 1 and not need_attn else alpha
-        ids = self.encode_lines(lines)
+        ids = self.encode_lines(lines, first_line=first_line)
         results = [[Translation("", 0.0, [], log_prob=0.0)] for _ in lines]  # empty lines
         todo = [i for i, seq in enumerate(ids) if seq]
         if not todo:

@@ -87,11 +87,12 @@ def attention_panels(weights: Tensor, title: str, layer: int, head: str) -> list
 
 
 def plot_attention(translator, lines: list[str], results, folder: str | Path, kind: str, layer: int,
-                   head: str) -> None:
-    """One heatmap PNG per input line (its best translation): <folder>/<line number>.png,
-    of the cross-attention or (Transformer) the encoder or decoder self-attention.
-    ``nmt.attention_stats.attention_layout`` tells which ``kind``, ``layer`` and ``head`` exist."""
-    for number, (line, hyps) in enumerate(zip(lines, results), start=1):
+                   head: str, first_line: int = 1) -> None:
+    """One heatmap PNG per input line (its best translation): <folder>/<line number>.png
+    (``lines[0]`` is line ``first_line``), of the cross-attention or (Transformer) the encoder
+    or decoder self-attention. ``nmt.attention_stats.attention_layout`` tells which ``kind``,
+    ``layer`` and ``head`` exist."""
+    for number, (line, hyps) in enumerate(zip(lines, results), start=first_line):
         best = hyps[0]
         if best.attention is None:  # empty input line: nothing to draw
             continue
@@ -159,9 +160,11 @@ def save_line_panels(path: str | Path, panels: list[tuple[str, dict[str, tuple[l
 
 
 def check_picture_path(path: str | Path) -> None:
-    """A one-line error, before any work, where matplotlib cannot write a picture named ``path``."""
+    """A one-line error, before any work, where matplotlib cannot write a picture named
+    ``path`` (without a suffix it writes a PNG)."""
     formats = FigureCanvasBase.get_supported_filetypes()
-    if Path(path).suffix.lstrip(".").lower() not in formats:
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if suffix and suffix not in formats:
         raise NMTError(f"cannot draw a picture named {path}: end its name with one of "
                        f"{', '.join('.' + name for name in sorted(formats))}")
 

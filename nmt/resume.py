@@ -7,6 +7,7 @@ budgets, validation cadence and decoding may change between segments (``RESUMABL
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import torch
@@ -75,14 +76,19 @@ RESUME_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "loops")
 
 def check_loadable(last: Path) -> None:
     """A one-line error, before anything is written, where ``last`` cannot be resumed from (a
-    copy cut short, a file of something else). Memory-mapped: nothing is read but the index."""
+    copy cut short, a file of something else). Memory-mapped where the file is torch's zip
+    format, as Lightning writes it: then nothing is read but the index."""
     try:
-        checkpoint = torch.load(last, map_location="cpu", weights_only=False, mmap=True)
+        checkpoint = torch.load(last, map_location="cpu", weights_only=False,
+                                mmap=zipfile.is_zipfile(last))
     except Exception as err:  # unpickling, a zip archive cut short, an empty file, ...
-        checkpoint = err
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise NMTError(f"{last} is damaged: cannot resume this run ({reason}); restore it, or "
+                       "choose another --run-dir") from None
     if not isinstance(checkpoint, dict) or not all(key in checkpoint for key in RESUME_KEYS):
-        raise NMTError(f"{last} is damaged or not a training checkpoint: cannot resume this run; "
-                       "restore it, or choose another --run-dir") from None
+        raise NMTError(f"{last} is not a training checkpoint (it lacks one of "
+                       f"{', '.join(RESUME_KEYS)}): cannot resume this run; restore it, or "
+                       "choose another --run-dir")
 
 
 # What a new run writes into its directory before its first checkpoint (compare's cells:

@@ -94,7 +94,7 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
     if not isinstance(attention, bool):
         return Rejected(f"'attention' must be true or false, got {json.dumps(attention)}")
     if model not in models:
-        return Rejected(f"unknown model {json.dumps(model)}; served: {', '.join(models)}")
+        return Rejected(f"unknown model {json.dumps(model, ensure_ascii=False)}; served: {', '.join(models)}")
     return Job(texts, beam, attention, model)
 
 
@@ -276,7 +276,9 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
             find_checkpoint(Path(path), weights)
     info = [model_info(name, path, engine) for name, path in runs.items()]
     api = TranslationAPI(runs, engine, beam, max_batch, weights, precision)
-    server = litserve.LitServer(api, accelerator="auto", timeout=timeout,
+    # cuda or cpu, never LitServe's "auto" pick of Apple's mps, which our models do not run on
+    accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    server = litserve.LitServer(api, accelerator=accelerator, timeout=timeout,
                                 max_payload_size=MAX_PAYLOAD,
                                 model_metadata={"models": info, "default_beam": beam})
     server.app.add_exception_handler(RequestValidationError, bad_body)

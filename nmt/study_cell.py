@@ -39,13 +39,14 @@ def read_record(folder: Path) -> dict | None:
     path = folder / RECORD
     if not path.is_file():
         return None
+    damaged = NMTError(f"{path} is not a cell's record; delete it, and compare records the "
+                       "cell again")
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        record = err
+    except (ValueError, UnicodeDecodeError):
+        raise damaged from None
     if not isinstance(record, dict) or "key" not in record:
-        raise NMTError(f"{path} is not a cell's record; delete it, and compare records the "
-                       "cell again")
+        raise damaged
     return record
 
 

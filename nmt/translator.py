@@ -38,12 +38,13 @@ class Translation:
     length_penalty: float = 1.0  # GNMT lp(len(pieces) + 1); 1 for greedy search
 
 
-def moses_nbest(results: list[list[Translation]]) -> list[str]:
+def moses_nbest(results: list[list[Translation]], first_id: int = 0) -> list[str]:
     """Moses n-best lines ``id ||| text ||| features ||| score``, id counting input lines
-    from 0. Features: ``logprob=`` the model's log-probability of the text's pieces + EOS,
-    ``lp=`` the length penalty it was divided by; score = logprob / lp."""
+    from 0 (``first_id``: the id of ``results[0]``, where the input comes in chunks).
+    Features: ``logprob=`` the model's log-probability of the text's pieces + EOS, ``lp=`` the
+    length penalty it was divided by; score = logprob / lp."""
     rows = []
-    for number, hyps in enumerate(results):
+    for number, hyps in enumerate(results, start=first_id):
         for t in hyps:
             features = "" if t.log_prob is None else f"logprob= {t.log_prob:.4f} "
             features += f"lp= {t.length_penalty:.4f}"
@@ -52,12 +53,13 @@ def moses_nbest(results: list[list[Translation]]) -> list[str]:
 
 
 def encode_truncated(tokenizer: Tokenizer, lines: list[str], max_positions: int,
-                     warn: bool = True) -> list[list[int]]:
+                     warn: bool = True, first_line: int = 1) -> list[list[int]]:
     """Piece ids per line, each cut to ``max_positions - 1`` (room for EOS), with a warning on
-    stderr naming the line unless ``warn`` is False: the one rule of every engine."""
+    stderr naming the line (``lines[0]`` is line ``first_line`` of the input) unless ``warn``
+    is False: the one rule of every engine."""
     limit = max_positions - 1
     ids = tokenizer.encode(lines)
-    for number, seq in enumerate(ids, start=1):
+    for number, seq in enumerate(ids, start=first_line):
         if len(seq) > limit:
             if warn:
                 print(f"warning: line {number} has {len(seq)} pieces; truncated to {limit}",
@@ -158,12 +160,14 @@ class Translator:
         nbest: int = 1,
         alpha: float | None = None,
         need_attn: bool = False,
+        first_line: int = 1,
     ) -> list[list[Translation]]:
         """Translate ``lines``; for each its ``nbest`` translations (one empty for an empty
-        line). With ``need_attn`` each translation carries its source attention."""
+        line). With ``need_attn`` each translation carries its source attention.
+        ``first_line``: the input's number of ``lines[0]``, for warnings."""
         dec = self.config.decoding
         beam_size, alpha = decoding_options(dec, beam_size, nbest, alpha)
-        ids = self.encode_lines(lines)
+        ids = self.encode_lines(lines, first_line=first_line)
         results = [[Translation("", 0.0, [], log_prob=0.0)] for _ in lines]  # empty lines
         todo = [i for i, seq in enumerate(ids) if seq]
         loader = decoding_loader(PairDataset([ids[i] for i in todo]), self.config.data.eval_max_tokens)
@@ -181,9 +185,9 @@ class Translator:
                 results[line] = [self._result(h, ids[line]) for h in hyps]
         return results
 
-    def encode_lines(self, lines: list[str], warn: bool = True) -> list[list[int]]:
+    def encode_lines(self, lines: list[str], warn: bool = True, first_line: int = 1) -> list[list[int]]:
         """Piece ids per line, cut to what the model accepts (room left for EOS)."""
-        return encode_truncated(self.tokenizer, lines, self.model.max_positions, warn)
+        return encode_truncated(self.tokenizer, lines, self.model.max_positions, warn, first_line)
 
     def _result(self, hyp: Hypothesis, src_ids: list[int]) -> Translation:
         """Detokenized text; attention cut to this sentence's source (+ EOS) columns."""

@@ -10,6 +10,7 @@ import torch
 from nmt.attention import SCORERS
 from nmt.bench import growth_exponent, scorer_exponents
 from nmt.cli import main
+from nmt.plots import check_picture_path
 from nmt.translator import Translator
 
 from .conftest import tiny_options, tiny_train_args, write_corpus
@@ -49,6 +50,7 @@ def test_bench_attention_refuses_a_picture_name_matplotlib_cannot_write(tmp_path
     out, err = capsys.readouterr()
     assert "cannot draw a picture named" in err and ".png" in err and "Traceback" not in err
     assert out == ""  # refused before anything was timed
+    check_picture_path(tmp_path / "times")  # no suffix: matplotlib writes a PNG
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from nmt.cli import main, parser
-from nmt.cli.decoding import read_lines
+from nmt.cli.decoding import input_chunks
 from nmt.errors import NMTError
 
 from .conftest import REPO, tiny_train_args, write_corpus
@@ -71,6 +71,64 @@ def test_translate_nbest_format(run, tmp_path, capsys):
                  "--beam", "4", "--nbest", "3"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert len(rows) == 6 and [r.split(" ||| ")[0] for r in rows] == ["0"] * 3 + ["1"] * 3
+
+
+def test_translate_in_chunks_writes_what_the_whole_input_gives(run, tmp_path, capsys):
+    """--buffer-lines cuts the input into chunks translated one after the other: the output,
+    the n-best ids, the warnings' line numbers and the pictures' names count the whole input.
+    (Scores may move in their last digits with the batch a sentence is decoded in.)"""
+    lines = ["haus mann", "", " ".join(["haus"] * 600), "katze blau im park", "hund"]
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    runs = {}
+    for buffer in ("1", "2", "10000"):
+        for extra in ([], ["--nbest", "2"]):
+            assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--beam",
+                         "2", "--precision", "32-true", "--buffer-lines", buffer, *extra]) == 0
+            captured = capsys.readouterr()
+            rows = [row.split(" ||| ")[:2] for row in captured.out.splitlines()]  # id, text
+            runs.setdefault(buffer, []).append((rows, captured.err))
+    assert runs["1"] == runs["2"] == runs["10000"]
+    (single, err), (nbest, _) = runs["1"]
+    assert len(single) == 5 and "warning: line 3 has" in err
+    assert [row[0] for row in nbest] == ["0", "0", "1", "2", "2", "3", "3", "4", "4"]
+    source.write_text("haus mann\n\nhund\n", encoding="utf-8")  # short lines: quick pictures
+    for buffer in ("1", "10000"):
+        pictures = tmp_path / f"pictures{buffer}"
+        assert main(["translate", "--checkpoint", str(run), "--input", str(source),
+                     "--buffer-lines", buffer, "--plot-attention", str(pictures)]) == 0
+        assert sorted(p.name for p in pictures.iterdir()) == ["0001.png", "0003.png"]
+
+
+def test_translate_streams_each_line_as_it_arrives(run):
+    """--buffer-lines 1 from a pipe: each translation comes out before the next line goes in,
+    as for a program that talks to ``nmt translate``."""
+    child = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run),
+                              "--beam", "1", "--buffer-lines", "1"], cwd=REPO, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        answers = []
+        for line in ("haus mann", "hund"):
+            child.stdin.write(line + "\n")
+            child.stdin.flush()
+            answers.append(child.stdout.readline())  # blocks until this line is translated
+        child.stdin.close()
+        assert child.wait(timeout=60) == 0 and child.stdout.read() == ""
+    finally:
+        child.kill()
+    assert len(answers) == 2 and all(answer.endswith("\n") for answer in answers)
+
+
+def test_an_error_part_of_the_way_leaves_the_output_file_as_it_was(run, tmp_path, capsys):
+    source, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_bytes(b"haus\nhund\nkatze \xff\n")
+    out.write_text("an earlier translation\n")
+    assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--output",
+                 str(out), "--buffer-lines", "1", "--beam", "1"]) == 1
+    assert "line 3 is not valid UTF-8" in capsys.readouterr().err
+    assert out.read_text() == "an earlier translation\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temporary file
 
 
 def test_very_long_line_is_truncated_with_warning(run, tmp_path, capsys):
@@ -210,10 +268,10 @@ def test_input_may_be_a_pipe(tmp_path):
     os.mkfifo(pipe)
     writer = threading.Thread(target=pipe.write_bytes, args=(b"haus\nhund\n",), daemon=True)
     writer.start()
-    assert read_lines(str(pipe)) == ["haus", "hund"]
+    assert list(input_chunks(str(pipe), 10)) == [["haus", "hund"]]
     writer.join(5)
     with pytest.raises(NMTError, match=f"cannot read {tmp_path}/missing.txt: No such file"):
-        read_lines(str(tmp_path / "missing.txt"))
+        list(input_chunks(str(tmp_path / "missing.txt"), 10))
 
 
 def test_help_names_every_scorer(capsys):

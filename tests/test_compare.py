@@ -206,7 +206,7 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
     finally:
         record.write_bytes(kept)
     bad = tmp_path / "compare.yaml"
-    for text in ("presets: [a: b", "\udcff"):
+    for text in ("presets: [a: b", "\udcff", "[1, 2]", "presets: {a: {groups: [1]}}"):
         bad.write_text(text, errors="surrogateescape")
         assert main(["compare", "--config", str(bad), "--preset", "a", "--tables-only"]) == 1
         err = capsys.readouterr().err

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -420,8 +421,8 @@ def test_empty_training_corpus_is_a_clear_error(tmp_path):
     for text in ("", "\n \n\t\n"):  # no lines; blank lines only
         for name in ("a", "b"):
             (tmp_path / name).write_text(text)
-        with pytest.raises(NMTError, match=f"the training split \\({tmp_path / 'a'}, "
-                                           f"{tmp_path / 'b'}\\) holds no text"):
+        with pytest.raises(NMTError, match=re.escape(f"the training split ({tmp_path / 'a'}, "
+                                                     f"{tmp_path / 'b'}) holds no text")):
             prepare(cfg)
         assert not list((tmp_path / "data" / "prepared").iterdir())  # nothing half-made left
 

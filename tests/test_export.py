@@ -155,6 +155,13 @@ def test_bad_device_for_either_engine_is_one_line(run, exported, tmp_path, capsy
         assert message in err and "Traceback" not in err and "damaged" not in err
 
 
+def test_ctranslate2_decodes_on_the_cpu_unless_asked(exported, monkeypatch):
+    """As before --device was checked: torch seeing a GPU does not move CTranslate2 to it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert CTranslate2Translator(exported).engine.device == "cpu"
+
+
 def test_precision_is_for_the_torch_engine(run, tmp_path, capsys):
     out = tmp_path / "ct2"
     assert main(["export", "--checkpoint", str(run), "--format", "ctranslate2", "--out", str(out)]) == 0

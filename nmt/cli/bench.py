@@ -106,7 +106,8 @@ def cmd_bench_attention(args: argparse.Namespace) -> None:
     from nmt.bench import bench_attention
     from nmt.plots import check_picture_path
 
-    check_picture_path(args.plot)
+    if args.plot:  # "" draws none
+        check_picture_path(args.plot)
     summary = bench_attention(args.max_len, args.batch, args.heads, args.head_dim, plot=args.plot)
     print_table(summary["rows"])
     print_table([{"scorer": k, "time_exponent": v["time"], "memory_exponent": v["memory"]}

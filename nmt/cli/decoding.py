@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from nmt.cli.options import positive_int
 from nmt.config import DECODING_PRECISIONS
 from nmt.errors import NMTError
-from nmt.files import write_atomic
+from nmt.files import atomic_path
+
+# Lines translated together: the translator sorts them by length into batches, so larger
+# chunks waste less padding; smaller ones show output sooner (docs/performance.md).
+BUFFER_LINES = 10_000
 
 
 def add_decoding(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +30,8 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--alpha", type=float, default=None, help="GNMT length penalty")
         p.add_argument("--prune-margin", help="drop beams more than this many nats below the "
                                               "best (none: keep all K; default: the run's)")
-        p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+        p.add_argument("--device", default=None,
+                       help="cpu | cuda | cuda:N (default: cuda if available; cpu for ctranslate2)")
         p.add_argument("--engine", default="torch",
                        help="torch | ctranslate2 (--checkpoint: a folder from nmt export)")
         p.add_argument("--weights", help="checkpoint file in the run directory (or a path), e.g. "
@@ -34,6 +42,9 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
     translate.add_argument("--input", help="input file (default stdin)")
     translate.add_argument("--output", help="output file (default stdout)")
     translate.add_argument("--nbest", type=int, default=1)
+    translate.add_argument("--buffer-lines", type=positive_int, default=BUFFER_LINES,
+                           help="translate and write the input this many lines at a time "
+                                f"(default {BUFFER_LINES}; 1: each line as it arrives)")
     translate.add_argument("--plot-attention", metavar="DIR",
                            help="write a heatmap PNG of each sentence's attention to DIR")
     translate.add_argument("--attention-kind", default="cross", choices=("cross", "encoder", "decoder"),
@@ -67,23 +78,39 @@ def parse_margin(text: str) -> float | None:
         raise NMTError(f"--prune-margin must be a number >= 0 or none, got '{text}'") from None
     return margin
 
-def read_lines(path: str | None) -> list[str]:
-    """Input lines as text, from a file, a pipe such as /dev/stdin, or stdin; a line that is
-    not UTF-8 is an error naming it."""
+def input_chunks(path: str | None, size: int) -> Iterator[list[str]]:
+    """The input's lines as text, ``size`` at a time, each chunk as soon as its lines have
+    arrived (from a file, a pipe such as /dev/stdin, or stdin); a line that is not UTF-8 is an
+    error naming it."""
     try:
-        raw = Path(path).read_bytes() if path else sys.stdin.buffer.read()
+        opened = open(path, "rb") if path else nullcontext(sys.stdin.buffer)  # stdin stays open
     except OSError as err:
         raise NMTError(f"cannot read {path or 'stdin'}: {err.strerror}") from None
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    text = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            text.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as err:
-            raise NMTError(f"line {number} is not valid UTF-8 (byte {err.start})") from None
-    return text
+    with opened as stream:
+        chunk = []
+        for number, raw in enumerate(stream, start=1):  # split on \n only, as files are written
+            try:
+                chunk.append(raw.removesuffix(b"\n").decode("utf-8").rstrip("\r"))
+            except UnicodeDecodeError as err:
+                raise NMTError(f"line {number} is not valid UTF-8 (byte {err.start})") from None
+            if len(chunk) == size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+
+@contextmanager
+def output_writer(path: str | None) -> Iterator[Callable[[str], object]]:
+    """Where each chunk's translations go once done: stdout, flushed at once; or a file
+    written beside ``path`` and renamed over it only when the whole input is translated, so an
+    error part of the way leaves an earlier ``path`` whole."""
+    if path is None:
+        yield lambda text: (sys.stdout.write(text), sys.stdout.flush())
+        return
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
+        yield out.write
+
 
 def cmd_translate(args: argparse.Namespace) -> None:
     from nmt.translator import moses_nbest
@@ -92,22 +119,22 @@ def cmd_translate(args: argparse.Namespace) -> None:
     need_attn = args.plot_attention is not None
     if need_attn:
         check_plot_options(translator, args)
-    lines = read_lines(args.input)
-    results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn)
-    if need_attn:
         from nmt.plots import plot_attention
-
-        plot_attention(translator, lines, results, args.plot_attention, args.attention_kind,
-                       args.attention_layer, args.attention_head)
-    if args.nbest > 1:
-        rows = moses_nbest(results)
-    else:
-        rows = [hyps[0].text for hyps in results]
-    output = "".join(row + "\n" for row in rows)
-    if args.output:
-        write_atomic(args.output, output)
-    else:
-        sys.stdout.write(output)
+    first = 1  # the input's number of the chunk's first line
+    with output_writer(args.output) as write:
+        for lines in input_chunks(args.input, args.buffer_lines):
+            results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn,
+                                           first_line=first)
+            if need_attn:
+                plot_attention(translator, lines, results, args.plot_attention,
+                               args.attention_kind, args.attention_layer, args.attention_head,
+                               first_line=first)
+            if args.nbest > 1:
+                rows = moses_nbest(results, first_id=first - 1)
+            else:
+                rows = [hyps[0].text for hyps in results]
+            write("".join(row + "\n" for row in rows))
+            first += len(lines)
 
 def check_plot_options(translator, args: argparse.Namespace) -> None:
     """The --plot-attention options, checked against the model before anything is translated

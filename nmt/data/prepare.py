@@ -50,11 +50,11 @@ def prepared_dir(cfg: DataConfig, sources: dict[str, Source]) -> Path:
     return Path(cfg.data_dir) / "prepared" / f"{name}.{'-'.join(langs)}.{digest}"
 
 
-def _described(source: Source) -> str:
-    """Two files' paths, or a dataset's name."""
+def _described(cfg: DataConfig, source: Source) -> str:
+    """A split's source as an error message names it: two files' paths, or the Hub dataset."""
     if isinstance(source, (tuple, list)):
         return ", ".join(map(str, source))
-    return getattr(source, "name", None) or "a dataset"
+    return " ".join(filter(None, ("Hub dataset", cfg.hub_dataset or cfg.corpus, cfg.hub_config)))
 
 
 def _sides(source: Source) -> list:
@@ -110,7 +110,7 @@ def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> dict[st
 
     src, tgt = sample_pairs(sources["train"], cfg.spm_sample, cfg.train_lines)
     if not any(line.strip() for line in src + tgt):
-        raise NMTError(f"the training split ({_described(sources['train'])}) holds no text: "
+        raise NMTError(f"the training split ({_described(cfg, sources['train'])}) holds no text: "
                        "nothing to train SentencePiece or the model on")
     lap("read and sample")
     tokenizer = train_tokenizer(src + tgt, folder / "spm.model", cfg.vocab_size)
