@@ -171,6 +171,10 @@ def check_picture_path(path: str | Path) -> None:
 
 def _save(fig, path: str | Path) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as err:  # named here: a caller writing other files would misname it
+        raise NMTError(f"cannot write the picture {path}: {err.strerror}") from None
+    finally:
+        plt.close(fig)

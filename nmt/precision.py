@@ -251,7 +251,8 @@ def decoding_precision(config, model: torch.nn.Module, device_type: str,
     """The precision translate, evaluate and serve decode in: ``precision`` if given, else
     ``decoding.precision``. Its ``auto`` is decided on the decoding device, whatever precision
     the run trained in, by timing the model's own decoding steps for ``sentences`` sentences
-    decoded together (default: a batch of ``data.eval_max_tokens``) at the config's beam.
+    decoded together (at most, and by default, a batch of ``data.eval_max_tokens``) at the
+    config's beam.
     Matmul timings do not predict decoding: on a 2-core Intel Xeon with AMX, bf16 matmuls of
     160 rows ran 4x fp32, yet bf16 decoding of 32 sentences at beam 5 ran 0.88x fp32 and at
     greedy 0.57x, while with 8,000-token batches beam 5 ran 1.5x (README, Serving and export)."""
@@ -259,7 +260,8 @@ def decoding_precision(config, model: torch.nn.Module, device_type: str,
     if precision not in DECODING_PRECISIONS:
         raise NMTError(f"unknown decoding precision '{precision}'; choose from: "
                        f"{', '.join(DECODING_PRECISIONS)}")
-    sentences = sentences or max(1, config.data.eval_max_tokens // TYPICAL_SOURCE_PIECES)
+    batch = max(1, config.data.eval_max_tokens // TYPICAL_SOURCE_PIECES)
+    sentences = min(sentences or batch, batch)
     beam = config.decoding.beam_size
     probe = (f"decoding {json.dumps(config.model, sort_keys=True)} vocab {config.data.vocab_size} "
              f"{sentences}x{beam}")

@@ -8,6 +8,7 @@ import csv
 import gzip
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import torch
 import yaml
 
 from nmt.cli import main, parser
-from nmt.cli.decoding import input_chunks
+from nmt.cli.decoding import input_chunks, open_input
 from nmt.errors import NMTError
 
 from .conftest import REPO, tiny_train_args, write_corpus
@@ -102,22 +103,39 @@ def test_translate_in_chunks_writes_what_the_whole_input_gives(run, tmp_path, ca
 
 def test_translate_streams_each_line_as_it_arrives(run):
     """--buffer-lines 1 from a pipe: each translation comes out before the next line goes in,
-    as for a program that talks to ``nmt translate``."""
+    as for a program that talks to ``nmt translate`` (stdout a pipe, block-buffered: only
+    our flush sends it)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     child = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run),
                               "--beam", "1", "--buffer-lines", "1"], cwd=REPO, text=True,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                             env={**env, "HF_HUB_OFFLINE": "1"})
     try:
         answers = []
         for line in ("haus mann", "hund"):
             child.stdin.write(line + "\n")
             child.stdin.flush()
-            answers.append(child.stdout.readline())  # blocks until this line is translated
+            ready, _, _ = select.select([child.stdout], [], [], 60)
+            assert ready, f"no answer to {line!r} within 60 s while its input stays open"
+            answers.append(child.stdout.readline())
         child.stdin.close()
         assert child.wait(timeout=60) == 0 and child.stdout.read() == ""
     finally:
         child.kill()
     assert len(answers) == 2 and all(answer.endswith("\n") for answer in answers)
+
+
+def test_a_reader_that_goes_away_ends_translate_quietly(run, tmp_path):
+    """``nmt translate ... | head -1``: the closed pipe ends the command as it ends Unix tools,
+    without a message."""
+    source = tmp_path / "in.txt"
+    source.write_text("haus mann\nhund\n" * 20, encoding="utf-8")
+    done = subprocess.run(f"{sys.executable} -m nmt translate --checkpoint {run} --input {source}"
+                          " --beam 1 --buffer-lines 1 | head -1", shell=True, cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1
+    assert "rror" not in done.stderr and "Exception" not in done.stderr, done.stderr
 
 
 def test_an_error_part_of_the_way_leaves_the_output_file_as_it_was(run, tmp_path, capsys):
@@ -129,6 +147,10 @@ def test_an_error_part_of_the_way_leaves_the_output_file_as_it_was(run, tmp_path
     assert "line 3 is not valid UTF-8" in capsys.readouterr().err
     assert out.read_text() == "an earlier translation\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temporary file
+    # A missing input is found before the output's folder is made.
+    assert main(["translate", "--checkpoint", str(run), "--input", str(tmp_path / "missing"),
+                 "--output", str(tmp_path / "new" / "out.txt")]) == 1
+    assert "cannot read" in capsys.readouterr().err and not (tmp_path / "new").exists()
 
 
 def test_very_long_line_is_truncated_with_warning(run, tmp_path, capsys):
@@ -268,10 +290,15 @@ def test_input_may_be_a_pipe(tmp_path):
     os.mkfifo(pipe)
     writer = threading.Thread(target=pipe.write_bytes, args=(b"haus\nhund\n",), daemon=True)
     writer.start()
-    assert list(input_chunks(str(pipe), 10)) == [["haus", "hund"]]
+    with open_input(str(pipe)) as stream:
+        assert list(input_chunks(stream, 10)) == [["haus", "hund"]]
     writer.join(5)
     with pytest.raises(NMTError, match=f"cannot read {tmp_path}/missing.txt: No such file"):
-        list(input_chunks(str(tmp_path / "missing.txt"), 10))
+        open_input(str(tmp_path / "missing.txt"))
+    # A read that fails part of the way (here: the first) names the input, not the output.
+    with open_input("/proc/self/mem") as stream, \
+            pytest.raises(NMTError, match="cannot read /proc/self/mem: Input/output error"):
+        list(input_chunks(stream, 10, "/proc/self/mem"))
 
 
 def test_help_names_every_scorer(capsys):

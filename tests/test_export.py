@@ -108,11 +108,13 @@ def test_translate_cli_with_ctranslate2_engine(run, exported, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("haus mann\n\nkatze blau im park\n", encoding="utf-8")
     outputs = []
-    for engine, model, fp32 in (("torch", run, ["--precision", "32-true"]), ("ctranslate2", exported, [])):
+    for engine, model, extra in (("torch", run, ["--precision", "32-true"]),
+                                 ("ctranslate2", exported, []),
+                                 ("ctranslate2", exported, ["--buffer-lines", "2"])):
         assert main(["translate", "--checkpoint", str(model), "--engine", engine,
-                     "--input", str(source), "--beam", "1", *fp32]) == 0
+                     "--input", str(source), "--beam", "1", *extra]) == 0
         outputs.append(capsys.readouterr().out)
-    assert outputs[0] == outputs[1] and outputs[1].count("\n") == 3
+    assert outputs[0] == outputs[1] == outputs[2] and outputs[1].count("\n") == 3
 
 
 def test_evaluate_with_ctranslate2_engine_scores_as_ours(run, exported):

@@ -110,6 +110,9 @@ def test_decoding_precision(cache, monkeypatch, trainer, decoding, given, bf16_t
         assert probes == [(800 // precision.TYPICAL_SOURCE_PIECES, 4)]
         serving = precision.decoding_precision(config, None, "cpu", sentences=32)  # its batch
         assert probes[-1] == (32, 4) and "decoding of 32 sentences x beam 4" in serving.reason
+        chunk = precision.decoding_precision(config, None, "cpu", sentences=10_000)  # translate's
+        batch = 800 // precision.TYPICAL_SOURCE_PIECES  # chunk is decoded in batches of that
+        assert f"decoding of {batch} sentences x beam 4" in chunk.reason and len(probes) == 2
     else:
         assert not probes
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import BinaryIO
 
 from nmt.cli.options import positive_int
 from nmt.config import DECODING_PRECISIONS
@@ -55,13 +58,14 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
                            help="Transformer: mean over heads, a head number, or all (one panel each)")
     sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")
 
-def open_translator(args: argparse.Namespace):
+def open_translator(args: argparse.Namespace, sentences: int | None = None):
     """The engine's translator for ``--checkpoint``; ``--prune-margin`` (a number of nats,
-    or none for the full beam) replaces the run's decoding.prune_margin."""
+    or none for the full beam) replaces the run's decoding.prune_margin. ``sentences``: how
+    many are decoded together at most, for ``--precision auto`` (default: a full batch)."""
     from nmt.engines import load_translator
 
     translator = load_translator(args.checkpoint, args.engine, args.device, args.weights,
-                                 args.precision)
+                                 args.precision, sentences)
     if args.prune_margin is not None:
         if args.engine != "torch":
             raise NMTError("--prune-margin is for the torch engine")
@@ -78,16 +82,19 @@ def parse_margin(text: str) -> float | None:
         raise NMTError(f"--prune-margin must be a number >= 0 or none, got '{text}'") from None
     return margin
 
-def input_chunks(path: str | None, size: int) -> Iterator[list[str]]:
-    """The input's lines as text, ``size`` at a time, each chunk as soon as its lines have
-    arrived (from a file, a pipe such as /dev/stdin, or stdin); a line that is not UTF-8 is an
-    error naming it."""
+def open_input(path: str | None) -> AbstractContextManager[BinaryIO]:
+    """The input as bytes: a file, a pipe such as /dev/stdin, or stdin (left open after)."""
     try:
-        opened = open(path, "rb") if path else nullcontext(sys.stdin.buffer)  # stdin stays open
+        return open(path, "rb") if path else nullcontext(sys.stdin.buffer)
     except OSError as err:
         raise NMTError(f"cannot read {path or 'stdin'}: {err.strerror}") from None
-    with opened as stream:
-        chunk = []
+
+
+def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[list[str]]:
+    """The lines of ``stream`` (called ``name`` in errors) as text, ``size`` at a time, each
+    chunk as soon as its lines have arrived; a line that is not UTF-8 is an error naming it."""
+    chunk = []
+    try:
         for number, raw in enumerate(stream, start=1):  # split on \n only, as files are written
             try:
                 chunk.append(raw.removesuffix(b"\n").decode("utf-8").rstrip("\r"))
@@ -96,45 +103,78 @@ def input_chunks(path: str | None, size: int) -> Iterator[list[str]]:
             if len(chunk) == size:
                 yield chunk
                 chunk = []
-        if chunk:
-            yield chunk
+    except OSError as err:  # a disk or a terminal failing part of the way
+        raise NMTError(f"cannot read {name}: {err.strerror}") from None
+    if chunk:
+        yield chunk
+
+
+def write_stdout(text: str) -> None:
+    """Write and flush at once, so that a program reading our output sees each chunk when it
+    is done. A reader that has gone (``| head``) ends the command quietly, as Unix tools do
+    on SIGPIPE."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        raise SystemExit(128 + signal.SIGPIPE) from None
 
 
 @contextmanager
 def output_writer(path: str | None) -> Iterator[Callable[[str], object]]:
-    """Where each chunk's translations go once done: stdout, flushed at once; or a file
-    written beside ``path`` and renamed over it only when the whole input is translated, so an
-    error part of the way leaves an earlier ``path`` whole."""
+    """Where each chunk's translations go once done: stdout; or a file written beside ``path``
+    and renamed over it only when the whole input is translated, so an error part of the way
+    leaves an earlier ``path`` whole."""
     if path is None:
-        yield lambda text: (sys.stdout.write(text), sys.stdout.flush())
+        yield write_stdout
         return
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
         yield out.write
 
 
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, while the block runs: blocks that
+    write (``atomic_path``) then remove their temporary files."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_translate(args: argparse.Namespace) -> None:
+    translator = open_translator(args, sentences=args.buffer_lines)
+    if args.plot_attention is not None:
+        check_plot_options(translator, args)
+    first = 1  # the input's number of the chunk's first line
+    with sigterm_as_interrupt(), open_input(args.input) as stream, \
+            output_writer(args.output) as write:
+        for lines in input_chunks(stream, args.buffer_lines, args.input or "stdin"):
+            write(translate_chunk(translator, lines, first, args))
+            first += len(lines)
+
+
+def translate_chunk(translator, lines: list[str], first: int, args: argparse.Namespace) -> str:
+    """The output for ``lines``, lines ``first``... of the input: one translation per line, or
+    Moses n-best rows; with --plot-attention, their pictures too."""
     from nmt.translator import moses_nbest
 
-    translator = open_translator(args)
     need_attn = args.plot_attention is not None
+    results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn,
+                                   first_line=first)
     if need_attn:
-        check_plot_options(translator, args)
         from nmt.plots import plot_attention
-    first = 1  # the input's number of the chunk's first line
-    with output_writer(args.output) as write:
-        for lines in input_chunks(args.input, args.buffer_lines):
-            results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn,
-                                           first_line=first)
-            if need_attn:
-                plot_attention(translator, lines, results, args.plot_attention,
-                               args.attention_kind, args.attention_layer, args.attention_head,
-                               first_line=first)
-            if args.nbest > 1:
-                rows = moses_nbest(results, first_id=first - 1)
-            else:
-                rows = [hyps[0].text for hyps in results]
-            write("".join(row + "\n" for row in rows))
-            first += len(lines)
+
+        plot_attention(translator, lines, results, args.plot_attention, args.attention_kind,
+                       args.attention_layer, args.attention_head, first_line=first)
+    if args.nbest > 1:
+        rows = moses_nbest(results, first_id=first - 1)
+    else:
+        rows = [hyps[0].text for hyps in results]
+    return "".join(row + "\n" for row in rows)
+
 
 def check_plot_options(translator, args: argparse.Namespace) -> None:
     """The --plot-attention options, checked against the model before anything is translated

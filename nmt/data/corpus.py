@@ -250,8 +250,13 @@ def _existing(stem: Path) -> str | None:
     return None
 
 
+def hub_name(cfg: DataConfig) -> str | None:
+    """The Hub dataset a corpus is read from where no local files are found (None: none)."""
+    return cfg.hub_dataset or HUB_DEFAULTS.get(cfg.corpus)
+
+
 def _from_hub(cfg: DataConfig) -> dict[str, Source]:
-    name = cfg.hub_dataset or HUB_DEFAULTS.get(cfg.corpus)
+    name = hub_name(cfg)
     local = Path(cfg.data_dir) / cfg.corpus
     pair = f"{cfg.src_lang}-{cfg.tgt_lang}"
     if name is None:

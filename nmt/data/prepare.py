@@ -30,7 +30,7 @@ import numpy as np
 
 from nmt.config import DataConfig
 from nmt.data.batching import Ragged
-from nmt.data.corpus import Source, read_pairs, source_identity, split_sources
+from nmt.data.corpus import Source, hub_name, read_pairs, source_identity, split_sources
 from nmt.data.tokenizer import Tokenizer, train_tokenizer
 from nmt.errors import NMTError
 
@@ -54,7 +54,7 @@ def _described(cfg: DataConfig, source: Source) -> str:
     """A split's source as an error message names it: two files' paths, or the Hub dataset."""
     if isinstance(source, (tuple, list)):
         return ", ".join(map(str, source))
-    return " ".join(filter(None, ("Hub dataset", cfg.hub_dataset or cfg.corpus, cfg.hub_config)))
+    return " ".join(filter(None, ("Hub dataset", hub_name(cfg), cfg.hub_config)))
 
 
 def _sides(source: Source) -> list:
