@@ -161,7 +161,7 @@ class CTranslate2Translator:
         self.config = load_config(model_dir / "config.yaml")
         self.tokenizer = Tokenizer(model_dir / "spm.model")
         self.max_positions = model_option(TransformerModel, self.config.model, "max_positions")
-        # CPU unless asked (as before CUDA was checked); CTranslate2 takes the index apart
+        # the CPU unless asked, as CTranslate2 itself; it takes the device index apart
         device = torch.device(decoding_device(device or "cpu", ctranslate2.get_cuda_device_count()))
         self.engine = ctranslate2.Translator(str(model_dir), device=device.type,
                                              device_index=device.index or 0,
