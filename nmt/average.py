@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from nmt.config import existing_run_dir
-from nmt.errors import NMTError
+from nmt.errors import NMTError, first_line
 from nmt.files import atomic_path
 
 STEPS_DIR = "steps"  # RUN/steps/step<global step>.ckpt, written by training
@@ -116,7 +116,7 @@ def _load(path: Path) -> dict:
     try:  # Lightning checkpoints hold more than tensors (hyper-parameters, loop state)
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # unpickling errors of every kind
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = first_line(err)
         raise NMTError(f"cannot load {path}: damaged checkpoint ({reason})") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise NMTError(f"{path} is not a training checkpoint (no state_dict)")

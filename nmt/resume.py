@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from nmt.config import ADDED_SINCE, Config, to_dict
-from nmt.errors import NMTError
+from nmt.errors import NMTError, first_line
 from nmt.files import write_atomic
 
 # Options that may change between the segments of a resumed run: budgets, validation and
@@ -82,7 +82,7 @@ def check_loadable(last: Path) -> None:
         checkpoint = torch.load(last, map_location="cpu", weights_only=False,
                                 mmap=zipfile.is_zipfile(last))
     except Exception as err:  # unpickling, a zip archive cut short, an empty file, ...
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = first_line(err)
         raise NMTError(f"{last} is damaged: cannot resume this run ({reason}); restore it, or "
                        "choose another --run-dir") from None
     if not isinstance(checkpoint, dict) or not all(key in checkpoint for key in RESUME_KEYS):

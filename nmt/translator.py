@@ -20,7 +20,7 @@ from nmt.data.batching import PairDataset
 from nmt.data.module import decoding_loader
 from nmt.data.tokenizer import Tokenizer
 from nmt.engines import decoding_device
-from nmt.errors import NMTError
+from nmt.errors import NMTError, first_line
 from nmt.models import build_model
 from nmt.plots import EOS_PIECE
 from nmt.precision import autocast_dtype, decoding_precision
@@ -140,8 +140,8 @@ class Translator:
             state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
             model.load_state_dict(state)
         except Exception as err:  # unpickling, missing keys, shape mismatches, ...
-            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint ({reason})") from None
+            raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint "
+                           f"({first_line(err)})") from None
         return cls(model.to(device), tokenizer, config, precision, sentences, path)
 
     @property

@@ -27,7 +27,7 @@ from pathlib import Path
 import datasets
 
 from nmt.config import DataConfig
-from nmt.errors import NMTError
+from nmt.errors import NMTError, first_line
 
 SPLITS = ("train", "val", "test")
 # Local file stems of each split, first match wins (Multi30k names its test set by year).
@@ -268,11 +268,10 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
     try:
         hub = datasets.load_dataset(name, cfg.hub_config, streaming=cfg.hub_streaming)
     except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise NMTError(
             f"corpus '{cfg.corpus}' ({pair}) not found locally in {local}/ "
             f"(train|val|test_2016_flickr).<lang>[.gz]{_languages_there(local)} and the Hub "
-            f"dataset '{name}' could not be loaded: {reason}. Put the files there or set "
+            f"dataset '{name}' could not be loaded: {first_line(err)}. Put the files there or set "
             "data.train_files/data.val_files."
         ) from None
     corpus = {}
