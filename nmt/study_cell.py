@@ -31,6 +31,9 @@ from nmt.translator import Translator
 
 RECORD = "record.json"
 HYPOTHESES = "hyps.txt"
+# What every record holds (``finish_cell``), that the tables and figures read.
+RECORD_FIELDS = {"cell": dict, "key": str, "scores": dict, "train": dict, "provenance": dict,
+                 "attention_stats": dict, "pictures": list}
 
 
 def read_record(folder: Path) -> dict | None:
@@ -45,7 +48,8 @@ def read_record(folder: Path) -> dict | None:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):
         raise damaged from None
-    if not isinstance(record, dict) or "key" not in record:
+    if not isinstance(record, dict) or any(not isinstance(record.get(field), kind)
+                                           for field, kind in RECORD_FIELDS.items()):
         raise damaged
     return record
 

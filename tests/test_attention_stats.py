@@ -156,6 +156,22 @@ def test_bad_attention_options_fail_before_translating(run, tmp_path, monkeypatc
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("option", [["--attention-layer", "0"], ["--attention-head", "all"],
+                                    ["--attention-kind", "encoder"]])
+def test_attention_options_without_a_picture_folder_are_refused(run, tmp_path, monkeypatch, capsys,
+                                                                 option):
+    """A picture option without --plot-attention would draw nothing: one line, before the
+    translator is even opened, and no output file."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Translator, "from_run_dir", None)  # opening it would be a TypeError
+    (tmp_path / "in.txt").write_text("haus mann katze\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(run), "--input", "in.txt", "--output", "out.txt",
+                 *option]) == 1
+    err = capsys.readouterr().err
+    assert f"{option[0]} chooses what --plot-attention DIR draws" in err and err.count("\n") == 1
+    assert not (tmp_path / "out.txt").exists()
+
+
 def test_attention_panels_name_their_layer_and_head():
     from nmt.plots import attention_panels
 

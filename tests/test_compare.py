@@ -197,8 +197,11 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
     run, out, _, _ = study
     record = out / "a" / "cells" / "rnn_dot_seed1" / "record.json"
     kept = record.read_bytes()
+    fields = json.loads(kept)
+    no_scores = json.dumps({**fields, "scores": None}).encode()
+    no_train = json.dumps({k: v for k, v in fields.items() if k != "train"}).encode()
     try:
-        for damage in (b'{"key": ', b"[1, 2]", b"\xff\xfe"):
+        for damage in (b'{"key": ', b"[1, 2]", b"\xff\xfe", no_scores, no_train):
             record.write_bytes(damage)
             assert run("a", "--tables-only") == 1
             err = capsys.readouterr().err

@@ -19,6 +19,8 @@ from nmt.files import atomic_path
 # Lines translated together: the translator sorts them by length into batches, so larger
 # chunks waste less padding; smaller ones show output sooner (docs/performance.md).
 BUFFER_LINES = 10_000
+# What --plot-attention draws, unless these options say otherwise.
+PICTURE_DEFAULTS = {"attention_kind": "cross", "attention_layer": -1, "attention_head": "mean"}
 
 
 def add_decoding(sub: argparse._SubParsersAction) -> None:
@@ -50,12 +52,14 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
                                 f"(default {BUFFER_LINES}; 1: each line as it arrives)")
     translate.add_argument("--plot-attention", metavar="DIR",
                            help="write a heatmap PNG of each sentence's attention to DIR")
-    translate.add_argument("--attention-kind", default="cross", choices=("cross", "encoder", "decoder"),
-                           help="cross-attention, or the Transformer's encoder or decoder self-attention")
-    translate.add_argument("--attention-layer", type=int, default=-1,
-                           help="Transformer: which layer (default last)")
-    translate.add_argument("--attention-head", default="mean",
-                           help="Transformer: mean over heads, a head number, or all (one panel each)")
+    translate.add_argument("--attention-kind", choices=("cross", "encoder", "decoder"),
+                           help="with --plot-attention: cross-attention (default), or the "
+                                "Transformer's encoder or decoder self-attention")
+    translate.add_argument("--attention-layer", type=int,
+                           help="with --plot-attention, Transformer: which layer (default last)")
+    translate.add_argument("--attention-head",
+                           help="with --plot-attention, Transformer: mean over heads (default), a "
+                                "head number, or all (one panel each)")
     sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")
 
 def open_translator(args: argparse.Namespace, sentences: int | None = None):
@@ -145,6 +149,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
+    picture_options(args)
     translator = open_translator(args, sentences=args.buffer_lines)
     if args.plot_attention is not None:
         check_plot_options(translator, args)
@@ -174,6 +179,18 @@ def translate_chunk(translator, lines: list[str], first: int, args: argparse.Nam
     else:
         rows = [hyps[0].text for hyps in results]
     return "".join(row + "\n" for row in rows)
+
+
+def picture_options(args: argparse.Namespace) -> None:
+    """--attention-kind, -layer and -head choose what --plot-attention draws: without it they
+    are an error (they would be ignored), with it the ones not given take their defaults."""
+    given = [name for name in PICTURE_DEFAULTS if getattr(args, name) is not None]
+    if given and args.plot_attention is None:
+        option = "--" + given[0].replace("_", "-")
+        raise NMTError(f"{option} chooses what --plot-attention DIR draws: give both, or neither")
+    for name, default in PICTURE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
 
 
 def check_plot_options(translator, args: argparse.Namespace) -> None:
