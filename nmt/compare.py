@@ -136,7 +136,7 @@ def cell_overrides(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]
 # same pairs either way), and the decoding precision (``finish_cell`` decodes every cell in
 # fp32, so records compare across machines). Keeping them out of the key keeps recorded cells
 # valid when such an option is added.
-NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar",),
+NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar", "tensorboard"),
               "data": ("hub_streaming",), "decoding": ("precision",)}
 
 

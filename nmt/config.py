@@ -82,6 +82,7 @@ class TrainerConfig:
     # Stop after this many validations (not epochs) without a better best_metric; 0: never
     early_stopping_patience: int = 5
     enable_progress_bar: bool = True
+    tensorboard: bool = False  # also log to RUN/tensorboard/ (pip install -e ".[tensorboard]")
     keep_last_checkpoints: int = 0  # > 0: keep the last N validation checkpoints for nmt average
 
 

@@ -23,7 +23,7 @@ RESUMABLE_CHANGES = {
     "name", "run_dir", "data.num_workers", "data.eval_max_tokens", "trainer.max_epochs",
     "trainer.max_steps", "trainer.max_time", "trainer.val_check_interval",
     "trainer.log_every_n_steps", "trainer.early_stopping_patience",
-    "trainer.enable_progress_bar", "trainer.keep_last_checkpoints",
+    "trainer.enable_progress_bar", "trainer.tensorboard", "trainer.keep_last_checkpoints",
 }
 
 
@@ -93,7 +93,7 @@ def check_loadable(last: Path) -> None:
 
 # What a new run writes into its directory before its first checkpoint (compare's cells:
 # their train.log first): a run killed that early starts afresh over them.
-STARTED_RUN = {"config.yaml", "spm.model", "logs", "train.log"}
+STARTED_RUN = {"config.yaml", "spm.model", "logs", "tensorboard", "train.log"}
 
 
 def refuse_to_overwrite(run_dir: Path) -> None:

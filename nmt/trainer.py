@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from nmt.average import keep_last_callback
@@ -127,6 +127,19 @@ def lightnings_option_errors() -> Iterator[None]:
         raise NMTError(f"trainer option rejected by Lightning: {str(err).splitlines()[0]}") from None
 
 
+def training_loggers(run_dir: Path, tensorboard: bool) -> list[Logger]:
+    """CSV logs in RUN/logs/version_N/metrics.csv (a resumed run adds a version), and with
+    ``tensorboard`` the same metrics as TensorBoard events in RUN/tensorboard/version_N/."""
+    loggers: list[Logger] = [CSVLogger(run_dir, name="logs")]
+    if tensorboard:
+        try:
+            loggers.append(TensorBoardLogger(run_dir, name="tensorboard", default_hp_metric=False))
+        except ModuleNotFoundError:  # Lightning's message names an extra of its own
+            raise NMTError('trainer.tensorboard needs TensorBoard: pip install -e ".[tensorboard]"'
+                           ) from None
+    return loggers
+
+
 def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     """The Trainer of a training run writing into ``run_dir``, in the precision chosen for it."""
     t = config.trainer
@@ -154,7 +167,7 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
             log_every_n_steps=t.log_every_n_steps,
             enable_progress_bar=t.enable_progress_bar,
             use_distributed_sampler=False,  # our batch sampler shards batches across ranks itself
-            logger=CSVLogger(run_dir, name="logs"),  # logs/version_N: a resumed run adds a version
+            logger=training_loggers(run_dir, t.tensorboard),
             # A fresh sampler each epoch, seeded by the epoch (Lightning's set_epoch does not reach
             # a batch sampler), so resumed and uninterrupted runs see the same batches.
             reload_dataloaders_every_n_epochs=1,

@@ -49,6 +49,33 @@ def test_run_directory_is_self_contained(run):
     assert "val_bleu" in metrics and "val_loss" in metrics and "train_loss" in metrics
 
 
+def test_tensorboard_logs_what_the_csv_logs(corpus, tmp_path, monkeypatch, capsys):
+    """trainer.tensorboard=true writes RUN/tensorboard/version_0/ events holding the losses and
+    every validation of metrics.csv; without TensorBoard installed, a one-line error."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder, files = corpus
+    run_dir = tmp_path / "tb"
+    assert main(tiny_train_args(files, run_dir, folder / "data") + ["trainer.tensorboard=true"]) == 0
+    events = EventAccumulator(str(run_dir / "tensorboard" / "version_0"))
+    events.Reload()
+    assert {"train_loss", "val_loss", "val_bleu", "lr"} <= set(events.Tags()["scalars"])
+    with open(run_dir / "logs" / "version_0" / "metrics.csv") as f:
+        csv_losses = [float(row["val_loss"]) for row in csv.DictReader(f) if row["val_loss"]]
+    assert [e.value for e in events.Scalars("val_loss")] == pytest.approx(csv_losses)
+    capsys.readouterr()
+
+    import lightning.fabric.loggers.tensorboard as lightning_tensorboard
+
+    monkeypatch.setattr(lightning_tensorboard, "_TENSORBOARD_AVAILABLE", False)
+    monkeypatch.setattr(lightning_tensorboard, "_TENSORBOARDX_AVAILABLE", False)
+    assert main(tiny_train_args(files, tmp_path / "no_tb", folder / "data")
+                + ["trainer.tensorboard=true"]) == 1
+    err = capsys.readouterr().err
+    assert 'trainer.tensorboard needs TensorBoard: pip install -e ".[tensorboard]"' in err
+    assert err.count("\n") == 1 and not list((tmp_path / "no_tb").glob("**/*.ckpt"))
+
+
 def test_translate_keeps_order_and_empty_lines(run, tmp_path, capsys):
     lines = ["haus mann", "", "katze blau im park", "hund"]
     source = tmp_path / "in.txt"
