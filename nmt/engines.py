@@ -35,9 +35,11 @@ def decoding_device(device: str | None, cuda_devices: int | None = None) -> str:
     return device
 
 
-def check_engine_options(engine: str, weights: str | None, precision: str | None) -> None:
+def check_engine_options(engine: str, weights: str | None, precision: str | None,
+                         ensemble: list[str] = ()) -> None:
     """A known engine. ``weights`` and ``precision`` choose among a torch run's checkpoints and
-    decoding precisions; an exported model has fixed weights and its own quantization."""
+    decoding precisions, ``ensemble`` adds runs to decode with; an exported model has fixed
+    weights and its own quantization, and decodes alone."""
     if engine not in ENGINES:
         raise NMTError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
     if engine == "torch":
@@ -46,19 +48,21 @@ def check_engine_options(engine: str, weights: str | None, precision: str | None
         raise NMTError("--weights is for the torch engine; export those weights instead")
     if precision is not None:
         raise NMTError("--precision is for the torch engine; export with --quantization instead")
+    if ensemble:
+        raise NMTError("--ensemble is for the torch engine")
 
 
 def load_translator(path: str, engine: str = "torch", device: str | None = None,
                     weights: str | None = None, precision: str | None = None,
-                    sentences: int | None = None):
+                    sentences: int | None = None, ensemble: list[str] = ()):
     """A run directory (and optionally another checkpoint file of it, a decoding precision,
-    and how many sentences are decoded together, for ``auto``) for torch; a directory
-    written by ``nmt export`` for ctranslate2."""
-    check_engine_options(engine, weights, precision)
+    how many sentences are decoded together, for ``auto``, and more runs to decode with as
+    an ensemble) for torch; a directory written by ``nmt export`` for ctranslate2."""
+    check_engine_options(engine, weights, precision, ensemble)
     if engine == "torch":
         from nmt.translator import Translator
 
-        return Translator.from_run_dir(path, device, weights, precision, sentences)
+        return Translator.from_run_dir(path, device, weights, precision, sentences, ensemble)
     try:  # ctranslate2
         from nmt.export import CTranslate2Translator
     except ImportError:

@@ -51,6 +51,8 @@ def evaluate_split(translator, run_dir: Path, split: str, beam: int | None = Non
         scores.update(precision=translator.precision.precision,
                       prune_margin=translator.config.decoding.prune_margin,
                       weights=weights_name(run_dir, translator.checkpoint))
+        if translator.ensemble:
+            scores["ensemble"] = [str(path.resolve()) for path in translator.ensemble]
     return hyps, scores
 
 
@@ -66,12 +68,17 @@ def margin_name(margin: float | None) -> str:
 
 
 def eval_file_stem(split: str, beam: int, weights: str | None = None, alpha: float | None = None,
-                   precision: str | None = None, prune_margin: str | None = None) -> str:
+                   precision: str | None = None, prune_margin: str | None = None,
+                   ensemble: list[str] = ()) -> str:
     """RUN/eval/<stem>.{hyp,json}: the split and beam, then each decoding option that was given
     (None: not given): the weights file as ``weights_name`` gives it (its stem; a file outside
     the run also a hash of its path, so that it never shares the run's own files' names),
-    alpha, precision, and the prune margin as ``margin_name`` writes it."""
+    alpha, precision, the prune margin as ``margin_name`` writes it, and the other members of
+    an ensemble (their number with the run's, and a hash of their weights files' paths)."""
     parts = [f"{split}.beam{beam}"]
+    if ensemble:
+        members = hashlib.sha1("\n".join(ensemble).encode()).hexdigest()[:8]
+        parts.append(f"ensemble{len(ensemble) + 1}-{members}")
     if weights:
         path = Path(weights)
         outside = f"-{hashlib.sha1(weights.encode()).hexdigest()[:8]}" if path.is_absolute() else ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -22,6 +22,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError, first_line
 from nmt.models import build_model
+from nmt.models.ensemble import Ensemble
 from nmt.plots import EOS_PIECE
 from nmt.precision import autocast_dtype, decoding_precision
 from nmt.search import Hypothesis, beam_search, greedy_search
@@ -112,6 +113,40 @@ def final_weights_of(run_dir: Path) -> str | None:
     return weights if isinstance(weights, str) else None
 
 
+def load_run(run_dir: str | Path, device: torch.device, weights: str | Path | None = None
+             ) -> tuple[torch.nn.Module, Tokenizer, Config, Path]:
+    """A run directory's model (on ``device``, with the weights ``find_checkpoint`` picks),
+    tokenizer and config, and the weights file."""
+    run_dir = existing_run_dir(run_dir)
+    config = load_config(run_dir / "config.yaml")
+    tokenizer = Tokenizer(run_dir / "spm.model")
+    model = build_model(config.model, len(tokenizer))
+    path = find_checkpoint(run_dir, weights)
+    try:
+        checkpoint = torch.load(path, map_location=device, weights_only=False)
+        state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
+        model.load_state_dict(state)
+    except Exception as err:  # unpickling, missing keys, shape mismatches, ...
+        raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint "
+                       f"({first_line(err)})") from None
+    return model.to(device), tokenizer, config, path
+
+
+def check_ensemble(run_dir: Path, config: Config, others: list[Path], configs: list[Config]) -> None:
+    """Runs decode as one only over one vocabulary (byte-identical SentencePiece models: runs
+    on the same prepared corpus share it) and one language pair; a one-line error otherwise."""
+    pair = (config.data.src_lang, config.data.tgt_lang)
+    vocabulary = (run_dir / "spm.model").read_bytes()
+    for other, other_config in zip(others, configs):
+        if (other_config.data.src_lang, other_config.data.tgt_lang) != pair:
+            raise NMTError(f"cannot ensemble {other} ({other_config.data.src_lang}->"
+                           f"{other_config.data.tgt_lang}) with {run_dir} ({pair[0]}->{pair[1]})")
+        if (other / "spm.model").read_bytes() != vocabulary:
+            raise NMTError(f"cannot ensemble {other} with {run_dir}: their spm.model differ, and an "
+                           "ensemble needs one vocabulary (runs trained on the same prepared corpus "
+                           "share it)")
+
+
 class Translator:
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, config: Config,
                  precision: str | None = None, sentences: int | None = None,
@@ -121,28 +156,29 @@ class Translator:
         data.eval_max_tokens), see ``decoding_precision``."""
         self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
         self.checkpoint = checkpoint  # the file the weights came from, where known
+        self.ensemble: list[Path] = []  # the other members' weights files, in an ensemble
         self.precision = decoding_precision(config, model, self.device.type, precision, sentences)
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, device: str | None = None,
                      weights: str | Path | None = None, precision: str | None = None,
-                     sentences: int | None = None) -> Translator:
+                     sentences: int | None = None, ensemble: list[str | Path] = ()) -> Translator:
         """Model, tokenizer and config from ``run_dir``; weights from ``weights`` if given, else
-        the run's final weights (see ``find_checkpoint``)."""
-        run_dir = existing_run_dir(run_dir)
-        config = load_config(run_dir / "config.yaml")
-        tokenizer = Tokenizer(run_dir / "spm.model")
+        the run's final weights (see ``find_checkpoint``). With ``ensemble`` (more run
+        directories, the same ``weights`` file name in each), the runs decode as one model
+        (``nmt.models.ensemble``) with ``run_dir``'s tokenizer and decoding options."""
         device = decoding_device(device)
-        model = build_model(config.model, len(tokenizer))
-        path = find_checkpoint(run_dir, weights)
-        try:
-            checkpoint = torch.load(path, map_location=device, weights_only=False)
-            state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
-            model.load_state_dict(state)
-        except Exception as err:  # unpickling, missing keys, shape mismatches, ...
-            raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint "
-                           f"({first_line(err)})") from None
-        return cls(model.to(device), tokenizer, config, precision, sentences, path)
+        model, tokenizer, config, path = load_run(run_dir, device, weights)
+        members = [load_run(other, device, weights) for other in ensemble]
+        if members:
+            check_ensemble(Path(run_dir), config, [Path(other) for other in ensemble],
+                           [member[2] for member in members])
+            model = Ensemble([model] + [member[0] for member in members])
+            config = replace(config, model={"family": "ensemble", "members": [
+                config.model] + [member[2].model for member in members]})
+        translator = cls(model, tokenizer, config, precision, sentences, path)
+        translator.ensemble = [member[3] for member in members]
+        return translator
 
     @property
     def device(self) -> torch.device:

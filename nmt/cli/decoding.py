@@ -40,7 +40,11 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--engine", default="torch",
                        help="torch | ctranslate2 (--checkpoint: a folder from nmt export)")
         p.add_argument("--weights", help="checkpoint file in the run directory (or a path), e.g. "
-                                         "best.ckpt (default: the one training chose)")
+                                         "best.ckpt (default: the one training chose); with "
+                                         "--ensemble, in each run")
+        p.add_argument("--ensemble", nargs="+", default=[], metavar="RUN",
+                       help="more run directories (same SentencePiece model) to decode with: "
+                            "the mean of the runs' next-piece probabilities")
         p.add_argument("--precision", choices=DECODING_PRECISIONS,
                        help="decoding precision (default: the run's decoding.precision, auto)")
     translate = sub.choices["translate"]
@@ -69,7 +73,7 @@ def open_translator(args: argparse.Namespace, sentences: int | None = None):
     from nmt.engines import load_translator
 
     translator = load_translator(args.checkpoint, args.engine, args.device, args.weights,
-                                 args.precision, sentences)
+                                 args.precision, sentences, args.ensemble)
     if args.prune_margin is not None:
         if args.engine != "torch":
             raise NMTError("--prune-margin is for the torch engine")
@@ -184,6 +188,9 @@ def translate_chunk(translator, lines: list[str], first: int, args: argparse.Nam
 def picture_options(args: argparse.Namespace) -> None:
     """--attention-kind, -layer and -head choose what --plot-attention draws: without it they
     are an error (they would be ignored), with it the ones not given take their defaults."""
+    if args.plot_attention is not None and args.ensemble:
+        raise NMTError("--plot-attention draws one model's attention: translate with that run "
+                       "alone, without --ensemble")
     given = [name for name in PICTURE_DEFAULTS if getattr(args, name) is not None]
     if given and args.plot_attention is None:
         option = "--" + given[0].replace("_", "-")
@@ -215,7 +222,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     hyps, scores = evaluate_split(translator, run_dir, args.split, args.beam, args.alpha)
     margin = margin_name(translator.config.decoding.prune_margin) if args.prune_margin else None
     weights = scores.get("weights") if args.weights else None  # inside the run: relative
-    stem = eval_file_stem(args.split, scores["beam"], weights, args.alpha, args.precision, margin)
+    stem = eval_file_stem(args.split, scores["beam"], weights, args.alpha, args.precision, margin,
+                          scores.get("ensemble", []))
     write_evaluation(run_dir / "eval", stem, hyps, scores)
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}")
