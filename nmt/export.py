@@ -156,8 +156,9 @@ class CTranslate2Translator:
     def __init__(self, model_dir: str | Path, device: str | None = None, threads: int = 0):
         model_dir = Path(model_dir)
         if not (model_dir / "model.bin").is_file():
-            raise NMTError(f"no CTranslate2 model in {model_dir}: export one first with "
-                           f"nmt export --checkpoint RUN --format ctranslate2 --out {model_dir}")
+            raise NMTError(f"no CTranslate2 model in {model_dir}: --engine ctranslate2 takes a "
+                           "folder written by nmt export (of a Transformer run), e.g. nmt export "
+                           "--checkpoint RUN --out RUN.ct2")
         self.config = load_config(model_dir / "config.yaml")
         self.tokenizer = Tokenizer(model_dir / "spm.model")
         self.max_positions = model_option(TransformerModel, self.config.model, "max_positions")
@@ -173,15 +174,13 @@ class CTranslate2Translator:
 
     def translate(self, lines: list[str], beam_size: int | None = None, nbest: int = 1,
                   alpha: float | None = None, need_attn: bool = False,
-                  first_line: int = 1) -> list[list[Translation]]:
+                  first_line: int = 1, warn: bool = True) -> list[list[Translation]]:
         """Same contract as ``Translator.translate``; attention is (T, S): the last layer's
         cross-attention averaged over heads."""
         dec = self.config.decoding
         beam_size, alpha = decoding_options(dec, beam_size, nbest, alpha)
-        # greedy scores are raw, as greedy_search's (ours searches greedily for attention too,
-        # but through beam_search, which divides by the length penalty)
-        alpha = 0.0 if beam_size == 1 and not need_attn else alpha
-        ids = self.encode_lines(lines, first_line=first_line)
+        alpha = 0.0 if beam_size == 1 else alpha  # greedy scores are raw, as greedy_search's
+        ids = self.encode_lines(lines, warn, first_line)
         results = [[Translation("", 0.0, [], log_prob=0.0)] for _ in lines]  # empty lines
         todo = [i for i, seq in enumerate(ids) if seq]
         if not todo:

@@ -84,10 +84,13 @@ def max_output_lengths(src_mask: Tensor, ratio: float, cap: int) -> Tensor:
 
 @torch.no_grad()
 def greedy_search(
-    model: Seq2Seq, src: Tensor, src_mask: Tensor, max_len_ratio: float = 1.5
+    model: Seq2Seq, src: Tensor, src_mask: Tensor, max_len_ratio: float = 1.5,
+    need_attn: bool = False,
 ) -> list[Hypothesis]:
     """Arg-max decoding for a batch: (B, S) -> one hypothesis per sentence. A sentence leaves
-    the batch when it emits EOS, so each step costs what the sentences still running need."""
+    the batch when it emits EOS, so each step costs what the sentences still running need.
+    ``need_attn``: each hypothesis also carries its attention, and the search is otherwise
+    the same (beam 1 gives one translation, whether its attention is asked for or not)."""
     memory = model.encode(src, src_mask)
     state = model.init_state(memory)
     max_lens = max_output_lengths(src_mask, max_len_ratio, model.max_positions)
@@ -96,8 +99,13 @@ def greedy_search(
     prev = torch.full((batch,), BOS, dtype=torch.long, device=device)
     tokens = torch.full((batch, int(max_lens.max())), EOS, dtype=torch.long, device=device)
     scores = torch.zeros(batch, device=device)
+    attention = None  # (B, steps, ..., S) once the first step's attention shows its shape
     for step in range(tokens.size(1)):
-        log_probs, state, _ = model.decode_step(prev, state, memory)
+        log_probs, state, attn = model.decode_step(prev, state, memory, need_attn)
+        if need_attn:
+            if attention is None:
+                attention = attn.new_zeros((batch, tokens.size(1), *attn.shape[1:]), dtype=torch.float32)
+            attention[alive, step] = attn.float()  # fp32 for callers, also under bf16 autocast
         restrict(log_probs, step >= max_lens[alive] - 1)
         best, prev = (column.squeeze(1) for column in top_k(log_probs, 1))  # (n,) each
         scores.index_add_(0, alive, best)
@@ -110,7 +118,11 @@ def greedy_search(
             alive, prev = alive[left], prev[left]
             state, memory = select_rows(state, left), select_rows(memory, left)
     rows = tokens.tolist()  # every row has an EOS: the last step forces one
-    return [Hypothesis(row[: row.index(EOS)], log_prob) for row, log_prob in zip(rows, scores.tolist())]
+    hyps = [Hypothesis(row[: row.index(EOS)], log_prob) for row, log_prob in zip(rows, scores.tolist())]
+    if need_attn:
+        for b, hyp in enumerate(hyps):
+            hyp.attention = attention[b, : len(hyp.tokens) + 1]  # its steps, EOS included
+    return hyps
 
 
 @dataclass

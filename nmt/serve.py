@@ -24,7 +24,7 @@ import json
 import os
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from nmt.translator import find_checkpoint
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 FIELDS = ("text", "beam", "attention", "model")
 MAX_TEXTS = 64  # texts per request: more would hold up everyone batched with it
+MAX_PIECES = 4096  # source pieces per request (after truncation), for the same reason
 MAX_BEAM = 16
 BATCH_TIMEOUT = 0.02  # seconds the worker waits for more requests to batch with
 MAX_PAYLOAD = 1_000_000  # bytes
@@ -61,6 +62,7 @@ class Job:
     beam: int
     attention: bool
     model: str
+    warnings: list[str] = field(default_factory=list)  # texts cut to the model's length
 
 
 @dataclass
@@ -80,7 +82,7 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
         return Rejected(f"unknown field '{unknown[0]}'; valid fields: {', '.join(FIELDS)}")
     texts, beam = body.get("text"), body.get("beam", default_beam)
     attention, model = body.get("attention", False), body.get("model", models[0])
-    if texts is None:
+    if "text" not in body:
         return Rejected("missing field 'text': a list of strings to translate")
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         return Rejected("'text' must be a list of strings")
@@ -138,7 +140,23 @@ class TranslationAPI(litserve.LitAPI):
             translator.translate(["warm-up"], self.default_beam)
 
     def decode_request(self, request: dict) -> Job | Rejected:  # dict: FastAPI parses the JSON
-        return parse_request(request, list(self.runs), self.default_beam)
+        job = parse_request(request, list(self.runs), self.default_beam)
+        return self._measure(job) if isinstance(job, Job) else job
+
+    def _measure(self, job: Job) -> Job | Rejected:
+        """The job with a warning for each text cut to the model's length; a 413 where its
+        texts hold more than ``MAX_PIECES`` pieces even so (it would hold up every request
+        batched with it: 64 texts of 511 pieces take minutes at beam 16 on a CPU)."""
+        translator = self.translators[job.model]
+        full = translator.tokenizer.encode(job.texts)
+        kept = [len(ids) for ids in translator.encode_lines(job.texts, warn=False)]
+        if sum(kept) > MAX_PIECES:
+            return Rejected(f"the texts hold {sum(kept):,} pieces; at most {MAX_PIECES:,} per "
+                            "request: send fewer or shorter texts", 413)
+        job.warnings = [f"text {number} has {len(ids)} pieces; truncated to {length}"
+                        for number, (ids, length) in enumerate(zip(full, kept), start=1)
+                        if length < len(ids)]
+        return job
 
     def predict(self, items: list[Job | Rejected]) -> list[dict | Rejected]:
         """Group the jobs by (model, beam, attention); one ``translate`` call per group."""
@@ -159,8 +177,8 @@ class TranslationAPI(litserve.LitAPI):
         texts = [text for job in jobs for text in job.texts]
         first = jobs[0]
         try:
-            results = self.translators[first.model].translate(texts, first.beam,
-                                                              need_attn=first.attention)
+            results = self.translators[first.model].translate(  # warnings: in each answer
+                texts, first.beam, need_attn=first.attention, warn=False)
         except Exception as err:  # whatever it is, it must not fail the other requests
             return [Rejected(f"translation failed: {type(err).__name__}: {err}".splitlines()[0], 500)
                     for _ in jobs]
@@ -177,19 +195,9 @@ class TranslationAPI(litserve.LitAPI):
         answer: dict[str, Any] = {"model": job.model, "translations": [t.text for t in translations]}
         if job.attention:
             answer["attention"] = [attention_view(t) for t in translations]
-        warnings = self._truncation_warnings(job)
-        if warnings:
-            answer["warnings"] = warnings
+        if job.warnings:
+            answer["warnings"] = job.warnings
         return answer
-
-    def _truncation_warnings(self, job: Job) -> list[str]:
-        """One line per text that the translator cut to the model's length limit."""
-        translator = self.translators[job.model]
-        full = translator.tokenizer.encode(job.texts)
-        kept = [len(ids) for ids in translator.encode_lines(job.texts, warn=False)]  # said once
-        return [f"text {number} has {len(ids)} pieces; truncated to {length}"
-                for number, (ids, length) in enumerate(zip(full, kept), start=1)
-                if length < len(ids)]
 
     def encode_response(self, output: dict | Rejected) -> Response:
         if isinstance(output, Rejected):
@@ -219,8 +227,8 @@ def served_models(paths: list[str], engine: str) -> dict[str, str]:
             what = "an exported model" if engine == "ctranslate2" else "a training run"
             raise NMTError(f"{path} is not {what} directory (no config.yaml and spm.model)")
         if engine == "ctranslate2" and not (Path(path) / "model.bin").is_file():
-            raise NMTError(f"no CTranslate2 model in {path}: export it first with "
-                           f"nmt export --checkpoint RUN --format ctranslate2 --out {path}")
+            raise NMTError(f"no CTranslate2 model in {path}: serve a folder written by nmt export "
+                           "(of a Transformer run), or serve the run with --engine torch")
         runs[name] = path
     return runs
 
@@ -271,7 +279,7 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
     if not 1 <= beam <= MAX_BEAM:
         raise NMTError(f"--beam must be from 1 to {MAX_BEAM}, got {beam}")
     runs = served_models(paths, engine)
-    if weights is not None:  # a missing file: one line now, not an error in a worker
+    if engine == "torch":  # no weights file to load: one line now, not an error in a worker
         for path in runs.values():
             find_checkpoint(Path(path), weights)
     info = [model_info(name, path, engine) for name, path in runs.items()]

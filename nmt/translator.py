@@ -197,13 +197,15 @@ class Translator:
         alpha: float | None = None,
         need_attn: bool = False,
         first_line: int = 1,
+        warn: bool = True,
     ) -> list[list[Translation]]:
         """Translate ``lines``; for each its ``nbest`` translations (one empty for an empty
         line). With ``need_attn`` each translation carries its source attention.
-        ``first_line``: the input's number of ``lines[0]``, for warnings."""
+        ``first_line``: the input's number of ``lines[0]``, for the warnings on stderr about
+        lines cut to the model's length (none with ``warn`` False)."""
         dec = self.config.decoding
         beam_size, alpha = decoding_options(dec, beam_size, nbest, alpha)
-        ids = self.encode_lines(lines, first_line=first_line)
+        ids = self.encode_lines(lines, warn, first_line)
         results = [[Translation("", 0.0, [], log_prob=0.0)] for _ in lines]  # empty lines
         todo = [i for i, seq in enumerate(ids) if seq]
         loader = decoding_loader(PairDataset([ids[i] for i in todo]), self.config.data.eval_max_tokens)
@@ -211,8 +213,9 @@ class Translator:
             src = batch.src.to(self.device)
             mask = batch.src_mask.to(self.device)
             with self.autocast_context():
-                if beam_size == 1 and not need_attn:
-                    found = [[h] for h in greedy_search(self.model, src, mask, dec.max_len_ratio)]
+                if beam_size == 1:
+                    found = [[h] for h in greedy_search(self.model, src, mask, dec.max_len_ratio,
+                                                        need_attn)]
                 else:
                     found = beam_search(self.model, src, mask, beam_size, alpha, dec.max_len_ratio,
                                         nbest, need_attn, dec.prune_margin)

@@ -123,6 +123,18 @@ def test_self_attention_pictures_have_shape_and_labels(run, tmp_path, monkeypatc
         torch.testing.assert_close(weights.sum(-1), torch.ones(len(rows)))
 
 
+def test_a_greedy_translation_is_the_same_with_its_attention(run):
+    """Beam 1 is greedy search whether the attention is drawn or not (the web page asks for it,
+    the API need not), so both give one translation with one score."""
+    translator = Translator.from_run_dir(run)
+    lines = ["haus mann", "katze blau im park", "der hund spielt"]
+    plain = [hyps[0] for hyps in translator.translate(lines, 1)]
+    drawn = [hyps[0] for hyps in translator.translate(lines, 1, need_attn=True)]
+    assert [(t.text, t.score, t.length_penalty) for t in drawn] == [
+        (t.text, t.score, 1.0) for t in plain]
+    assert all(t.attention.shape[0] == len(t.pieces) + 1 for t in drawn)
+
+
 def test_rnn_has_no_self_attention_to_draw(run):
     trained = Translator.from_run_dir(run)
     rnn = tiny_model("rnn", "additive", vocab=len(trained.tokenizer))

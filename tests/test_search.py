@@ -175,6 +175,22 @@ def test_beam_attention_rows_match_tokens(random_batch):
         assert torch.all(hyp.attention[:, ~b.src_mask[i]] == 0)
 
 
+@pytest.mark.parametrize("family", ["rnn", "transformer"])
+def test_greedy_attention_changes_nothing_and_is_beam_ones(family, random_batch):
+    """Asking greedy search for the attention gives the same tokens and scores, and each
+    hypothesis' attention is what beam search of width 1 finds: one row per step, EOS's too."""
+    model, b = _model(family, "general"), random_batch
+    plain = greedy_search(model, b.src, b.src_mask)
+    drawn = greedy_search(model, b.src, b.src_mask, need_attn=True)
+    beam = beam_search(model, b.src, b.src_mask, beam_size=1, alpha=0.0, need_attn=True)
+    for i, (p, d, (one,)) in enumerate(zip(plain, drawn, beam)):
+        assert (d.tokens, d.log_prob) == (p.tokens, p.log_prob) and p.attention is None
+        assert d.tokens == one.tokens and d.attention.shape[0] == len(d.tokens) + 1
+        torch.testing.assert_close(d.attention, one.attention, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(d.attention.sum(-1), torch.ones(d.attention.shape[:-1]))
+        assert torch.all(d.attention[..., ~b.src_mask[i]] == 0)
+
+
 class ScriptedModel(torch.nn.Module):
     """A stand-in model whose next-token distribution depends only on the previous token:
     ``after_bos`` after BOS, ``later`` after any other token ({token: probability})."""

@@ -155,6 +155,7 @@ def test_attention_matrix_with_pieces(server, runs):
 
 @pytest.mark.parametrize("body,message", [
     ({"beam": 2}, "missing field 'text'"),
+    ({"text": None}, "'text' must be a list of strings"),
     ({"text": "ein hund"}, "'text' must be a list of strings"),
     ({"text": ["ein", 3]}, "'text' must be a list of strings"),
     ({"text": []}, "'text' must hold 1 to 64 strings, got 0"),
@@ -188,18 +189,28 @@ def test_too_long_text_is_truncated_with_warning(server):
     assert answer["warnings"] == ["text 2 has 600 pieces; truncated to 511"]
 
 
-def test_a_truncated_text_is_reported_once(runs, capsys):
-    """The answer's warning comes from the server's own count of the text's pieces; only the
-    translation itself reports the cut on stderr, once."""
-    from nmt.serve import Job, TranslationAPI
+def test_a_truncated_text_is_reported_in_its_answer_not_in_the_log(runs, capsys):
+    """The answer names the texts cut to the model's length; the server's stderr does not (any
+    client could flood it, and its line numbers would count a batch's texts, not a request's)."""
+    from nmt.serve import TranslationAPI
 
     translators, _, _ = runs
-    api = TranslationAPI({}, "torch", default_beam=1, max_batch=4)
+    api = TranslationAPI({"first": "unused"}, "torch", default_beam=1, max_batch=4)
     api.translators = translators
-    job = Job(texts=["hund", "haus " * 600], beam=1, attention=False, model="first")
+    job = api.decode_request({"text": ["hund", "haus " * 600]})
     answer = api._translate_group([job])[0]
     assert answer["warnings"] == ["text 2 has 600 pieces; truncated to 511"]
-    assert capsys.readouterr().err.count("truncated to 511") == 1
+    assert "truncated" not in capsys.readouterr().err
+
+
+def test_a_request_of_too_many_pieces_is_refused_before_it_is_decoded(server):
+    """Texts of more than 4,096 pieces in all (after each is cut to 511) would hold up every
+    request batched with them: 413, one line, while a request within the limit is answered."""
+    status, answer = request(server + "/translate", {"text": ["haus " * 600] * 9, "beam": 1})
+    assert status == 413 and answer["error"] == (
+        "the texts hold 4,599 pieces; at most 4,096 per request: send fewer or shorter texts")
+    status, answer = request(server + "/translate", {"text": ["haus " * 600] * 8, "beam": 1})
+    assert status == 200 and len(answer["translations"]) == 8
 
 
 def test_concurrent_requests_each_get_their_own_answer(server, runs):
@@ -286,3 +297,16 @@ def test_serve_port_in_use(runs, capsys):
 def test_serve_missing_run_directory(capsys, tmp_path):
     assert main(["serve", "--checkpoint", str(tmp_path / "nothing")]) == 1
     assert "not a training run directory" in capsys.readouterr().err
+
+
+def test_serve_a_run_without_weights_is_one_line_before_start(runs, capsys, tmp_path):
+    """A run directory with its config and SentencePiece model but no checkpoint: refused before
+    any worker starts (it was a worker's traceback)."""
+    _, paths, _ = runs
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.yaml", "spm.model"):
+        (bare / name).write_bytes((paths[0] / name).read_bytes())
+    assert main(["serve", "--checkpoint", str(bare)]) == 1
+    err = capsys.readouterr().err
+    assert f"no best.ckpt or last.ckpt in {bare}" in err and err.count("\n") == 1
