@@ -14,6 +14,7 @@ import torch
 import yaml
 
 from nmt.config import ADDED_SINCE, Config, to_dict
+from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError, first_line
 from nmt.files import write_atomic
 
@@ -89,6 +90,16 @@ def check_loadable(last: Path) -> None:
         raise NMTError(f"{last} is not a training checkpoint (it lacks one of "
                        f"{', '.join(RESUME_KEYS)}): cannot resume this run; restore it, or "
                        "choose another --run-dir")
+
+
+def check_vocabulary(run_dir: Path, tokenizer: Tokenizer) -> None:
+    """A resumed run's weights index the pieces of its own spm.model. Where the corpus was
+    prepared anew (its training files changed) with other pieces, resuming would give every
+    id another meaning: a one-line error instead."""
+    if Tokenizer(run_dir / "spm.model").vocabulary() != tokenizer.vocabulary():
+        raise NMTError(f"{run_dir} was trained with other SentencePiece pieces than the corpus "
+                       "gives now (its files changed since): cannot resume this run; restore "
+                       "the files, or choose another --run-dir")
 
 
 # What a new run writes into its directory before its first checkpoint (compare's cells:

@@ -33,7 +33,7 @@ from nmt.memory import peak_memory_mb
 from nmt.metrics import bleu_from_statistics, bleu_statistics
 from nmt.models import build_model, check_model_config, model_option
 from nmt.provenance import code_commit, device_name
-from nmt.resume import check_resumable, forget_final_weights
+from nmt.resume import check_resumable, check_vocabulary, forget_final_weights
 from nmt.schedules import SCHEDULERS, SCHEDULES, steps_per_epoch
 from nmt.search import greedy_search
 from nmt.trainer import BEST_METRICS, build_trainer, max_time
@@ -264,9 +264,13 @@ def train(config: Config) -> Path:
         raise NMTError("the validation split is empty: training validates and keeps checkpoints by it")
     L.seed_everything(config.seed, workers=True, verbose=False)  # the weights: the seed's alone
     model = build_model(config.model, len(data.tokenizer))
+    resumed_vocabulary = resume_from is not None and (run_dir / "spm.model").is_file()
+    if resumed_vocabulary:
+        check_vocabulary(run_dir, data.tokenizer)  # before anything of the run is replaced
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / "config.yaml")
-    shutil.copyfile(data.tokenizer.model_file, run_dir / "spm.model")
+    if not resumed_vocabulary:
+        shutil.copyfile(data.tokenizer.model_file, run_dir / "spm.model")
     module = TranslationModule(
         model, data.tokenizer, config.optim, config.decoding,
         list(data.text["val"]["tgt"]), config.seed,

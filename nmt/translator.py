@@ -132,19 +132,21 @@ def load_run(run_dir: str | Path, device: torch.device, weights: str | Path | No
     return model.to(device), tokenizer, config, path
 
 
-def check_ensemble(run_dir: Path, config: Config, others: list[Path], configs: list[Config]) -> None:
-    """Runs decode as one only over one vocabulary (byte-identical SentencePiece models: runs
-    on the same prepared corpus share it) and one language pair; a one-line error otherwise."""
+def check_ensemble(run_dir: Path, tokenizer: Tokenizer, config: Config, others: list[Path],
+                   members: list[tuple[Tokenizer, Config]]) -> None:
+    """Runs decode as one only over one vocabulary (the same SentencePiece pieces: runs on the
+    same corpus and ``data.vocab_size`` have them) and one language pair; a one-line error
+    otherwise."""
     pair = (config.data.src_lang, config.data.tgt_lang)
-    vocabulary = (run_dir / "spm.model").read_bytes()
-    for other, other_config in zip(others, configs):
+    vocabulary = tokenizer.vocabulary()
+    for other, (other_tokenizer, other_config) in zip(others, members):
         if (other_config.data.src_lang, other_config.data.tgt_lang) != pair:
             raise NMTError(f"cannot ensemble {other} ({other_config.data.src_lang}->"
                            f"{other_config.data.tgt_lang}) with {run_dir} ({pair[0]}->{pair[1]})")
-        if (other / "spm.model").read_bytes() != vocabulary:
-            raise NMTError(f"cannot ensemble {other} with {run_dir}: their spm.model differ, and an "
-                           "ensemble needs one vocabulary (runs trained on the same prepared corpus "
-                           "share it)")
+        if other_tokenizer.vocabulary() != vocabulary:
+            raise NMTError(f"cannot ensemble {other} with {run_dir}: their SentencePiece models "
+                           "differ, and an ensemble needs one vocabulary (runs on the same corpus "
+                           "and data.vocab_size share it)")
 
 
 class Translator:
@@ -171,8 +173,8 @@ class Translator:
         model, tokenizer, config, path = load_run(run_dir, device, weights)
         members = [load_run(other, device, weights) for other in ensemble]
         if members:
-            check_ensemble(Path(run_dir), config, [Path(other) for other in ensemble],
-                           [member[2] for member in members])
+            check_ensemble(Path(run_dir), tokenizer, config, [Path(other) for other in ensemble],
+                           [(member[1], member[2]) for member in members])
             model = Ensemble([model] + [member[0] for member in members])
             config = replace(config, model={"family": "ensemble", "members": [
                 config.model] + [member[2].model for member in members]})

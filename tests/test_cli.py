@@ -11,6 +11,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -443,6 +444,31 @@ def test_output_to_a_directory_is_an_error(run, tmp_path, capsys):
                  "--output", str(tmp_path)]) == 1
     assert "is a directory" in capsys.readouterr().err
     assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_output_to_a_pipe_or_a_link_is_written_through(run, tmp_path, capsys):
+    """--output to a named pipe writes into it (a reader gets the lines; it stays a pipe), and to
+    a symbolic link replaces the file it points at, keeping the link."""
+    source = tmp_path / "in.txt"
+    source.write_text("haus mann\nhund\n")
+    assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--beam", "1"]) == 0
+    expected = capsys.readouterr().out
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so that the writer may open
+    try:
+        assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--beam", "1",
+                     "--output", str(fifo)]) == 0
+        assert os.read(reader, 1 << 16).decode() == expected  # small: it waits in the pipe
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--beam", "1",
+                 "--output", str(link)]) == 0
+    assert link.is_symlink() and target.read_text() == expected
 
 
 def test_killed_run_resumes_to_the_same_weights(corpus, run):

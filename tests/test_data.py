@@ -70,6 +70,16 @@ def test_named_files_and_mismatched_lengths(tmp_path):
         load_corpus(cfg)["val"]  # splits are read when first used
 
 
+def test_named_test_files_alone_are_an_error_not_ignored(tmp_path):
+    """Test files named without the training files would be silently passed over for the
+    folder's corpus: named files replace the whole corpus, so that is an error."""
+    files = write_corpus(tmp_path)
+    for split in ("val", "test"):
+        cfg = DataConfig(data_dir=str(tmp_path), **{f"{split}_files": files[split]})
+        with pytest.raises(NMTError, match="named files replace the whole corpus: data.train_files"):
+            load_corpus(cfg)
+
+
 def test_missing_named_file_is_a_clear_error(tmp_path):
     cfg = DataConfig(train_files=[str(tmp_path / "a"), str(tmp_path / "b")], val_files=["x", "y"])
     with pytest.raises(NMTError, match="no such file"):

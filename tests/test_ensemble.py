@@ -115,7 +115,7 @@ def test_translate_and_evaluate_with_an_ensemble(runs, tmp_path, monkeypatch, ca
 
 
 @pytest.mark.parametrize("options,message", [
-    (["--ensemble", "{other}"], "their spm.model differ, and an ensemble needs one vocabulary"),
+    (["--ensemble", "{other}"], "their SentencePiece models differ, and an ensemble needs one"),
     (["--ensemble", "{b}", "--plot-attention", "pics"], "--plot-attention draws one model's attention"),
     (["--ensemble", "{b}", "--engine", "ctranslate2"], "--ensemble is for the torch engine"),
     (["--ensemble", "{missing}"], "checkpoint directory not found"),

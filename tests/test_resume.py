@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,6 +149,28 @@ def test_resume_with_a_trajectory_option_changed_is_an_error(corpus, tmp_path, c
     # Budgets, validation cadence and decoding may change.
     assert main(args(corpus, tmp_path, "trainer.max_steps=2", "trainer.val_check_interval=1",
                      "decoding.beam_size=2")) == 0
+
+
+def test_resume_after_the_training_files_changed_their_pieces_is_an_error(tmp_path, capsys):
+    """Changed training files are prepared anew, with other SentencePiece pieces: resuming
+    would read every weight under another id. One line, and the run's own spm.model and config
+    stay as they were; files changed but cut into the same pieces resume."""
+    files = write_corpus(tmp_path)
+    run = tmp_path / "run"
+    assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=1"]) == 0
+    kept = {name: (run / name).read_bytes() for name in ("spm.model", "config.yaml")}
+    source = Path(files["train"][0])
+    text = source.read_text(encoding="utf-8")
+    os.utime(source, (1e9, 1e9))  # prepared anew (the key has the time), into the same pieces
+    assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=2"]) == 0
+    source.write_text(text.replace("a", "ä").replace("e", "é"), encoding="utf-8")
+    capsys.readouterr()
+    assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=3"]) == 1
+    err = capsys.readouterr().err
+    assert "was trained with other SentencePiece pieces than the corpus gives now" in err
+    assert err.splitlines()[-1].startswith("error: ") and "Traceback" not in err  # after preparing
+    assert (run / "spm.model").read_bytes() == kept["spm.model"]
+    assert "max_steps: 2" in (run / "config.yaml").read_text()  # the last segment's, not 3
 
 
 def test_checkpoints_that_cannot_be_resumed_are_not_overwritten(corpus, tmp_path, capsys):

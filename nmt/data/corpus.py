@@ -70,7 +70,7 @@ Source = tuple[str, str] | datasets.Dataset | HubStream
 
 def split_sources(cfg: DataConfig) -> dict[str, Source]:
     """Where each split comes from: named files, the local folder, or the Hub (loaded)."""
-    if cfg.train_files:
+    if cfg.train_files or cfg.val_files or cfg.test_files:
         return _named_files(cfg)
     if cfg.hub_dataset is None and (local := local_files(cfg)) is not None:
         return local
@@ -217,7 +217,8 @@ def _named_files(cfg: DataConfig) -> dict[str, Source]:
                 raise NMTError(f"data.{split}_files: no such file: {path}")
         files[split] = (str(pair[0]), str(pair[1]))
     if "train" not in files or "val" not in files:
-        raise NMTError("data.train_files and data.val_files are both required with named files")
+        raise NMTError("named files replace the whole corpus: data.train_files and data.val_files "
+                       "are both required with them (data.test_files is optional)")
     return files
 
 

@@ -41,6 +41,12 @@ class Tokenizer:
     def pieces(self, ids: list[int]) -> list[str]:
         return [self.sp.id_to_piece(i) for i in ids]
 
+    def vocabulary(self) -> list[tuple[str, float]]:
+        """Each id's piece and score: what decides how text is cut and what an id means. Two
+        models trained on the same text have the same vocabulary, though their files differ
+        (a model file also records where its training ran)."""
+        return [(self.sp.id_to_piece(i), self.sp.get_score(i)) for i in range(len(self))]
+
 
 # SentencePiece's unigram training splits its EM passes across threads, and the split changes
 # the learned pieces: 16 threads and 2 threads give different models from the same text (the
