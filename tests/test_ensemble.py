@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,7 +89,13 @@ def runs(tmp_path_factory):
     files = write_corpus(folder)
     for name, seed in (("a", "3"), ("b", "4")):
         assert main(tiny_train_args(files, folder / name, folder / "data") + ["--seed", seed]) == 0
-    assert main(tiny_train_args(files, folder / "other", folder / "data") + ["data.vocab_size=90"]) == 0
+    other = {split: [] for split in files}  # the same corpus with other letters: other pieces
+    for split, paths in files.items():
+        for path in map(Path, paths):
+            changed = folder / f"other_{path.name}"
+            changed.write_text(path.read_text(encoding="utf-8").replace("a", "ä"), encoding="utf-8")
+            other[split].append(str(changed))
+    assert main(tiny_train_args(other, folder / "other", folder / "data")) == 0
     return folder
 
 
