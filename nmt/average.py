@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from nmt.config import existing_run_dir
 from nmt.errors import NMTError, first_line
 from nmt.files import atomic_path
+from nmt.translator import final_weights_of
 
 STEPS_DIR = "steps"  # RUN/steps/step<global step>.ckpt, written by training
 
@@ -102,9 +103,7 @@ def average_run(run_dir: str | Path, last: int | None = None,
         raise NMTError(f"--last must be at least 1, got {last}")
     paths = paths[-last:] if last else paths
     out = Path(out) if out else run_dir / "averaged.ckpt"
-    if out.resolve() in {(run_dir / name).resolve() for name in ("best.ckpt", "last.ckpt")} \
-            or out.resolve().is_relative_to((run_dir / STEPS_DIR).resolve()):
-        raise NMTError(f"--out {out} is one of the run's own checkpoints; name another file")
+    check_average_target(run_dir, out, paths)
     averaged = {"state_dict": average_state_dicts(paths),
                 "nmt_averaged": [path.name for path in paths]}
     with atomic_path(out) as tmp:  # a reader never sees half a file
@@ -121,6 +120,24 @@ def _load(path: Path) -> dict:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise NMTError(f"{path} is not a training checkpoint (no state_dict)")
     return checkpoint
+
+
+def check_average_target(run_dir: Path, out: Path, paths: list[Path]) -> None:
+    """Where an average of ``paths`` may go: not over the run's own files (its checkpoints, its
+    config, SentencePiece model and logs; inside the run only a new .ckpt), and not over the
+    average that training chose as the run's weights, unless it is the same average."""
+    target, run = out.resolve(), run_dir.resolve()
+    own = target in {run / "best.ckpt", run / "last.ckpt"} or target.is_relative_to(run / STEPS_DIR)
+    if own or (target.is_relative_to(run) and target.suffix != ".ckpt"):
+        raise NMTError(f"--out {out} is one of the run's own files; name another .ckpt")
+    if target != run / "averaged.ckpt" or final_weights_of(run_dir) != "averaged.ckpt" \
+            or not target.is_file():
+        return
+    chosen = _load(target).get("nmt_averaged", [])
+    if chosen != [p.name for p in paths]:
+        raise NMTError(f"{out} is the average of {', '.join(chosen) or 'other checkpoints'} that "
+                       "training chose as the run's weights (translate uses it by default); "
+                       "write this one with --out to another file")
 
 
 def keep_last_callback(run_dir: str | Path, n: int) -> ModelCheckpoint:

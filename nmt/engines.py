@@ -27,6 +27,8 @@ def decoding_device(device: str | None, cuda_devices: int | None = None) -> str:
         kind = None
     if kind is None or kind.type not in DEVICE_TYPES:
         raise NMTError(f"unknown device '{device}'; choose cpu, cuda or cuda:N")
+    if kind.type == "cpu":
+        return "cpu"  # one device, whatever number is given
     if kind.type == "cuda" and not cuda_devices:
         raise NMTError(f"device {device} asked for, but no CUDA device is available")
     if kind.type == "cuda" and (kind.index or 0) >= cuda_devices:

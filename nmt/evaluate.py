@@ -46,7 +46,8 @@ def evaluate_split(translator, run_dir: Path, split: str, beam: int | None = Non
     beam, alpha = decoding_options(translator.config.decoding, beam, 1, alpha)
     hyps = best_translations(translator, sources, beam, alpha)
     scores = score_corpus(hyps, references)
-    scores.update(split=split, beam=beam, alpha=alpha)
+    scores.update(split=split, beam=beam, alpha=alpha,
+                  engine="torch" if isinstance(translator, Translator) else "ctranslate2")
     if isinstance(translator, Translator):  # an exported model has fixed weights and precision
         scores.update(precision=translator.precision.precision,
                       prune_margin=translator.config.decoding.prune_margin,

@@ -25,7 +25,7 @@ import torch
 from ctranslate2.specs import TransformerSpec
 from torch import nn
 
-from nmt.config import Config, load_config
+from nmt.config import Config, existing_run_dir, load_config
 from nmt.data.tokenizer import Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError
@@ -37,6 +37,10 @@ from nmt.translator import Translation, Translator, decoding_options, encode_tru
 
 QUANTIZATIONS = ("float32", "int8")
 BESIDE_THE_MODEL = ("spm.model", "config.yaml")  # what our side needs: pieces and options
+# What an export folder holds: CTranslate2's files (its vocabulary as .json or .txt, by version)
+# and ours.
+EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "shared_vocabulary.txt",
+                *BESIDE_THE_MODEL}
 NEVER_EMITTED = [["<pad>"], ["<s>"]]  # as in search.restrict
 
 
@@ -127,20 +131,31 @@ class RunConverter(ctranslate2.converters.Converter):
 def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str = "float32") -> Path:
     """Convert ``run_dir`` into a CTranslate2 model in ``out``, with our SentencePiece model
     and config beside it (all ``nmt translate --engine ctranslate2`` needs)."""
-    run_dir, out = Path(run_dir), Path(out)
+    run_dir, out = existing_run_dir(run_dir), Path(out)
     if quantization not in QUANTIZATIONS:
         raise NMTError(f"unknown quantization '{quantization}'; choose one of: {', '.join(QUANTIZATIONS)}")
     if not (run_dir / "config.yaml").is_file():
         raise NMTError(f"no config.yaml in {run_dir}: is it a training run directory?")
     check_exportable(load_config(run_dir / "config.yaml"))
-    if out.exists() and not (out / "model.bin").is_file():
-        # CTranslate2 replaces the output directory: only ever an earlier export.
-        raise NMTError(f"{out} exists and is not a CTranslate2 export: choose a new --out")
+    check_export_target(out)
     translator = Translator.from_run_dir(run_dir, "cpu")
     RunConverter(translator).convert(str(out), quantization=quantization, force=True)
     for name in BESIDE_THE_MODEL:
         shutil.copy(run_dir / name, out / name)
     return out
+
+
+def check_export_target(out: Path) -> None:
+    """CTranslate2 deletes the output folder before it writes: ``out`` must be new, or an
+    earlier export holding nothing else (an evaluation's eval/, say, would be lost)."""
+    if not out.exists():
+        return
+    if not (out / "model.bin").is_file():
+        raise NMTError(f"{out} exists and is not a CTranslate2 export: choose a new --out")
+    others = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
+    if others:
+        raise NMTError(f"{out} holds files nmt export did not write ({', '.join(others)}), which "
+                       "CTranslate2 would delete: move them, or choose a new --out")
 
 
 class CTranslate2Translator:

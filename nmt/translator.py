@@ -99,6 +99,8 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
     for name in (final_weights_of(run_dir), "best.ckpt", "last.ckpt"):
         if name and (run_dir / name).is_file():
             return run_dir / name
+    if (run_dir / "model.bin").is_file():
+        raise NMTError(f"{run_dir} is a CTranslate2 export: decode it with --engine ctranslate2")
     raise NMTError(f"no best.ckpt or last.ckpt in {run_dir}: is it a training run directory?")
 
 

@@ -155,19 +155,39 @@ def test_a_run_past_its_best_validation_ends_with_averaged_weights(tmp_path, cap
     assert json.loads((run / "eval" / "test.beam1.json").read_text())["weights"] == "averaged.ckpt"
 
 
-@pytest.mark.parametrize("out", ["best.ckpt", "last.ckpt", "steps/step9.ckpt"])
-def test_the_average_never_overwrites_the_runs_own_checkpoints(tmp_path, out):
+@pytest.mark.parametrize("out", ["best.ckpt", "last.ckpt", "steps/step9.ckpt", "spm.model",
+                                 "config.yaml", "train_stats.json", "logs/x.ckpt.csv"])
+def test_the_average_never_overwrites_the_runs_own_files(tmp_path, out):
     _save(tmp_path / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
     _save(tmp_path / "best.ckpt", {"model.w": torch.zeros(2)})
-    before = {p: p.read_bytes() for p in tmp_path.rglob("*.ckpt")}
-    with pytest.raises(NMTError, match="one of the run's own checkpoints"):
+    for name in ("spm.model", "config.yaml", "train_stats.json"):
+        (tmp_path / name).write_text(name)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(NMTError, match="is one of the run's own files; name another .ckpt"):
         average_run(tmp_path, out=tmp_path / out)
-    assert {p: p.read_bytes() for p in tmp_path.rglob("*.ckpt")} == before
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_the_average_training_chose_is_not_replaced_by_another(tmp_path):
+    """Where training chose averaged.ckpt as the run's weights, averaging other checkpoints into
+    it would change what translate uses without a word: an error, unless it is the same
+    average; another file takes any."""
+    for step in (1, 2, 3):
+        _save(tmp_path / "steps" / f"step{step}.ckpt", {"model.w": torch.full((2,), float(step))})
+    average_run(tmp_path, last=2)
+    (tmp_path / "train_stats.json").write_text(json.dumps({"final_weights": "averaged.ckpt"}))
+    chosen = (tmp_path / "averaged.ckpt").read_bytes()
+    with pytest.raises(NMTError, match="is the average of step2.ckpt, step3.ckpt that training chose"):
+        average_run(tmp_path, last=3)
+    assert (tmp_path / "averaged.ckpt").read_bytes() == chosen
+    average_run(tmp_path, last=2)  # the same average again
+    out, _ = average_run(tmp_path, last=3, out=tmp_path / "all.ckpt")
+    assert torch.load(out)["state_dict"]["model.w"].tolist() == [2.0, 2.0]
 
 
 def test_an_average_that_cannot_be_written_leaves_no_temporary_file(tmp_path):
     _save(tmp_path / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
-    (tmp_path / "a_folder").mkdir()
-    with pytest.raises(NMTError, match="a_folder is a directory"):
-        average_run(tmp_path, out=tmp_path / "a_folder")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_folder", "steps"]
+    (tmp_path / "a_folder.ckpt").mkdir()
+    with pytest.raises(NMTError, match="a_folder.ckpt is a directory"):
+        average_run(tmp_path, out=tmp_path / "a_folder.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_folder.ckpt", "steps"]

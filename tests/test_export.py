@@ -122,7 +122,9 @@ def test_evaluate_with_ctranslate2_engine_scores_as_ours(run, exported):
     for engine, model, fp32 in (("torch", run, ["--precision", "32-true"]), ("ctranslate2", exported, [])):
         assert main(["evaluate", "--checkpoint", str(model), "--engine", engine, "--beam", "1", *fp32]) == 0
         name = "test.beam1.32-true.json" if fp32 else "test.beam1.json"
-        bleu.append(json.loads((model / "eval" / name).read_text())["bleu"])
+        scores = json.loads((model / "eval" / name).read_text())
+        assert scores["engine"] == engine  # the JSON says what decoded it
+        bleu.append(scores["bleu"])
     assert bleu[0] == bleu[1]
 
 
@@ -211,6 +213,26 @@ def test_export_never_replaces_a_directory_that_is_not_an_export(run, tmp_path, 
     assert (keep / "notes.txt").read_text() == "mine"
 
 
-def test_ctranslate2_engine_needs_an_export(run, capsys):
+def test_ctranslate2_engine_needs_an_export(run, exported, capsys):
     assert main(["translate", "--checkpoint", str(run), "--engine", "ctranslate2"]) == 1
-    assert "nmt export" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "takes a folder written by nmt export" in err and f"--out {run}" not in err
+    assert main(["translate", "--checkpoint", str(exported)]) == 1  # and the torch engine
+    assert f"{exported} is a CTranslate2 export: decode it with --engine ctranslate2" in \
+        capsys.readouterr().err
+
+
+def test_export_over_an_export_keeps_what_else_is_there(run, tmp_path, capsys):
+    """CTranslate2 deletes the output folder first: an earlier export is replaced only when it
+    holds nothing but an export's files (an evaluation's eval/ would be lost)."""
+    out = tmp_path / "ct2"
+    assert main(["export", "--checkpoint", str(run), "--out", str(out)]) == 0
+    assert main(["export", "--checkpoint", str(run), "--out", str(out), "--quantization", "int8"]) == 0
+    assert main(["evaluate", "--checkpoint", str(out), "--engine", "ctranslate2", "--beam", "1"]) == 0
+    capsys.readouterr()
+    assert main(["export", "--checkpoint", str(run), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "holds files nmt export did not write (eval), which CTranslate2 would delete" in err
+    assert (out / "eval" / "test.beam1.json").is_file()
+    assert main(["export", "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 1
+    assert "checkpoint directory not found" in capsys.readouterr().err

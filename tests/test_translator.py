@@ -33,7 +33,8 @@ def test_decoding_device_is_checked_against_the_machine(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert decoding_device(None) == "cuda"
-    assert [decoding_device(d) for d in ("cpu", "cuda", "cuda:1")] == ["cpu", "cuda", "cuda:1"]
+    given = ("cpu", "cpu:0", "cuda", "cuda:1")  # cpu:0 is the one CPU device torch.load knows
+    assert [decoding_device(d) for d in given] == ["cpu", "cpu", "cuda", "cuda:1"]
     for device, message in (("cuda:2", r"there are 2 CUDA device\(s\)"), ("mps", "unknown device 'mps'"),
                             ("gpu0", "unknown device 'gpu0'")):
         with pytest.raises(NMTError, match=message):
