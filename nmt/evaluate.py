@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from nmt.config import DataConfig
-from nmt.data.corpus import load_corpus
+from nmt.data.corpus import load_corpus, read_pairs
 from nmt.errors import NMTError
 from nmt.files import write_atomic
 from nmt.metrics import score_corpus
@@ -37,16 +37,47 @@ def best_translations(translator, sources: list[str], beam: int | None = None,
     return [hyps[0].text for hyps in translator.translate(sources, beam, 1, alpha)]
 
 
+def file_pairs(source: str, reference: str) -> tuple[list[str], list[str]]:
+    """The lines of a source file and of its reference translations (``evaluate --files``),
+    read as a corpus' files are: aligned line by line, ``.gz`` too."""
+    for path in (source, reference):
+        if not Path(path).is_file():
+            raise NMTError(f"--files: no such file: {path}")
+    sources, references = [], []
+    for src, ref in read_pairs((source, reference)):
+        sources += src
+        references += ref
+    if not sources:
+        raise NMTError(f"--files: {source} is empty")
+    return sources, references
+
+
+def files_name(source: str, reference: str) -> str:
+    """What ``evaluate --files`` calls its test set in file names: the source file's name and
+    a hash of both paths, so that two test sets never share a name."""
+    paths = "\n".join(str(Path(p).resolve()) for p in (source, reference))
+    return f"{Path(source).name}-{hashlib.sha1(paths.encode()).hexdigest()[:8]}"
+
+
 def evaluate_split(translator, run_dir: Path, split: str, beam: int | None = None,
-                   alpha: float | None = None) -> tuple[list[str], dict]:
-    """Hypotheses and sacreBLEU scores of ``split``, decoded with ``beam`` and ``alpha``
-    (default: the run's). The scores record the decoding: split, beam and alpha, and for the
+                   alpha: float | None = None, files: tuple[str, str] | None = None
+                   ) -> tuple[list[str], dict]:
+    """Hypotheses and sacreBLEU scores of ``split`` of the run's corpus, or of ``files`` (a
+    source file and its references), decoded with ``beam`` and ``alpha`` (default: the
+    run's). The scores record the decoding: split or files, beam, alpha and engine, and for the
     torch engine its precision, prune margin and weights file (see ``weights_name``)."""
-    sources, references = split_pairs(translator.config.data, split)
+    if files:
+        sources, references = file_pairs(*files)
+    else:
+        sources, references = split_pairs(translator.config.data, split)
     beam, alpha = decoding_options(translator.config.decoding, beam, 1, alpha)
     hyps = best_translations(translator, sources, beam, alpha)
     scores = score_corpus(hyps, references)
-    scores.update(split=split, beam=beam, alpha=alpha,
+    if files:
+        scores["files"] = [str(Path(path).resolve()) for path in files]
+    else:
+        scores["split"] = split
+    scores.update(beam=beam, alpha=alpha,
                   engine="torch" if isinstance(translator, Translator) else "ctranslate2")
     if isinstance(translator, Translator):  # an exported model has fixed weights and precision
         scores.update(precision=translator.precision.precision,

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,6 +200,33 @@ def test_evaluate_writes_scores(run, capsys):
     assert len((run / "eval" / "test.beam2.hyp").read_text().splitlines()) == 30
     assert scores["prune_margin"] == 3.0  # the decoding config's default
     assert scores["alpha"] == yaml.safe_load((run / "config.yaml").read_text())["decoding"]["alpha"]
+
+
+def test_evaluate_on_files_of_ones_own(corpus, run, tmp_path, capsys):
+    """--files SRC REF scores any test set, read as a corpus' files are: the run's test files
+    (one gzipped) score what --split test does, under their own name; bad files are one line."""
+    _, files = corpus
+    source, reference = files["test"]
+    packed = tmp_path / "ref.gz"
+    packed.write_bytes(gzip.compress(Path(reference).read_bytes()))
+    assert main(["evaluate", "--checkpoint", str(run), "--beam", "2"]) == 0
+    split_scores = json.loads((run / "eval" / "test.beam2.json").read_text())
+    assert main(["evaluate", "--checkpoint", str(run), "--beam", "2", "--files", source, str(packed)]) == 0
+    written = list((run / "eval").glob("test.src-*.beam2.json"))
+    assert len(written) == 1
+    scores = json.loads(written[0].read_text())
+    assert scores["files"] == [str(Path(source).resolve()), str(packed.resolve())]
+    assert "split" not in scores and scores["bleu"] == split_scores["bleu"]
+    assert (run / "eval" / "test.beam2.json").read_text() == json.dumps(split_scores, indent=2) + "\n"
+    short = tmp_path / "short.txt"
+    short.write_text("one\n")
+    for options, message in ((["--split", "val", "--files", source, reference], "give one"),
+                             (["--files", source, str(tmp_path / "nope")], "--files: no such file"),
+                             (["--files", source, str(short)], "has 30 lines but")):
+        capsys.readouterr()
+        assert main(["evaluate", "--checkpoint", str(run), *options]) == 1
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
 
 
 def test_evaluate_with_another_alpha_keeps_both_results(run):

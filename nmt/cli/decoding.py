@@ -64,7 +64,11 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
     translate.add_argument("--attention-head",
                            help="with --plot-attention, Transformer: mean over heads (default), a "
                                 "head number, or all (one panel each)")
-    sub.choices["evaluate"].add_argument("--split", default="test", help="train | val | test")
+    evaluate = sub.choices["evaluate"]
+    evaluate.add_argument("--split", help="train | val | test (default test)")
+    evaluate.add_argument("--files", nargs=2, metavar=("SRC", "REF"),
+                          help="score on these files instead of a split of the run's corpus: a "
+                               "source file and its reference translations, line by line")
 
 def open_translator(args: argparse.Namespace, sentences: int | None = None):
     """The engine's translator for ``--checkpoint``; ``--prune-margin`` (a number of nats,
@@ -215,14 +219,18 @@ def check_plot_options(translator, args: argparse.Namespace) -> None:
                        f"({err.strerror})") from None
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from nmt.evaluate import eval_file_stem, evaluate_split, margin_name, write_evaluation
+    from nmt.evaluate import eval_file_stem, evaluate_split, files_name, margin_name, write_evaluation
 
+    if args.split and args.files:
+        raise NMTError("--split and --files both name what to score: give one")
     translator = open_translator(args)
     run_dir = Path(args.checkpoint)
-    hyps, scores = evaluate_split(translator, run_dir, args.split, args.beam, args.alpha)
+    split = args.split or "test"
+    hyps, scores = evaluate_split(translator, run_dir, split, args.beam, args.alpha, args.files)
     margin = margin_name(translator.config.decoding.prune_margin) if args.prune_margin else None
     weights = scores.get("weights") if args.weights else None  # inside the run: relative
-    stem = eval_file_stem(args.split, scores["beam"], weights, args.alpha, args.precision, margin,
+    name = files_name(*args.files) if args.files else split
+    stem = eval_file_stem(name, scores["beam"], weights, args.alpha, args.precision, margin,
                           scores.get("ensemble", []))
     write_evaluation(run_dir / "eval", stem, hyps, scores)
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
