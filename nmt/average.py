@@ -127,10 +127,11 @@ def check_average_target(run_dir: Path, out: Path, paths: list[Path]) -> None:
     config, SentencePiece model and logs; inside the run only a new .ckpt), and not over the
     average that training chose as the run's weights, unless it is the same average."""
     target, run = out.resolve(), run_dir.resolve()
-    own = target in {run / "best.ckpt", run / "last.ckpt"} or target.is_relative_to(run / STEPS_DIR)
+    checkpoints = {(run / name).resolve() for name in ("best.ckpt", "last.ckpt")}  # links too
+    own = target in checkpoints or target.is_relative_to((run / STEPS_DIR).resolve())
     if own or (target.is_relative_to(run) and target.suffix != ".ckpt"):
         raise NMTError(f"--out {out} is one of the run's own files; name another .ckpt")
-    if target != run / "averaged.ckpt" or final_weights_of(run_dir) != "averaged.ckpt" \
+    if target != (run / "averaged.ckpt").resolve() or final_weights_of(run_dir) != "averaged.ckpt" \
             or not target.is_file():
         return
     chosen = _load(target).get("nmt_averaged", [])

@@ -148,6 +148,8 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
 def check_export_target(out: Path) -> None:
     """CTranslate2 deletes the output folder before it writes: ``out`` must be new, or an
     earlier export holding nothing else (an evaluation's eval/, say, would be lost)."""
+    if out.is_symlink():  # CTranslate2 cannot delete a link to a folder
+        raise NMTError(f"--out {out} is a symbolic link: name the folder itself")
     if not out.exists():
         return
     if not (out / "model.bin").is_file():

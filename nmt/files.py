@@ -15,18 +15,23 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to, renamed over ``path`` when the block ends
     without error; removed otherwise, so no half-written file is left behind. A symbolic link
     is written through (its target is replaced, the link kept); a pipe or a device
-    (``/dev/stdout``) is written in place, as it cannot be replaced."""
+    (``/dev/stdout``, ``/proc/self/fd/1``: the process' own streams, whatever they lead to) is
+    written in place, as it cannot be replaced."""
     path = Path(path)
-    if path.is_symlink():
-        path = path.resolve()
     if path.is_dir():
         raise NMTError(f"output {path} is a directory")
-    if path.exists() and not path.is_file():
+    streams = str(path.absolute()).startswith(("/dev/", "/proc/"))
+    if streams or (path.exists() and not path.is_file()):  # where a link leads: a pipe, a device
         try:
             yield path
         except OSError as err:
             raise NMTError(f"cannot write {path}: {err.strerror}") from None
         return
+    if path.is_symlink():
+        try:
+            path = path.resolve()
+        except (RuntimeError, OSError):  # by Python version
+            raise NMTError(f"cannot write {path}: a loop of symbolic links") from None
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -95,7 +95,10 @@ def check_loadable(last: Path) -> None:
 def check_vocabulary(run_dir: Path, tokenizer: Tokenizer) -> None:
     """A resumed run's weights index the pieces of its own spm.model. Where the corpus was
     prepared anew (its training files changed) with other pieces, resuming would give every
-    id another meaning: a one-line error instead."""
+    id another meaning: a one-line error instead, as where the run's spm.model is gone."""
+    if not (run_dir / "spm.model").is_file():
+        raise NMTError(f"{run_dir / 'spm.model'} is missing: cannot resume this run (its weights "
+                       "index that model's pieces); restore it, or choose another --run-dir")
     if Tokenizer(run_dir / "spm.model").vocabulary() != tokenizer.vocabulary():
         raise NMTError(f"{run_dir} was trained with other SentencePiece pieces than the corpus "
                        "gives now (its files changed since): cannot resume this run; restore "

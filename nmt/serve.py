@@ -42,7 +42,7 @@ from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError
 from nmt.models import build_model, model_option
 from nmt.plots import EOS_PIECE, attention_matrix
-from nmt.translator import find_checkpoint
+from nmt.translator import find_checkpoint, source_limit
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 FIELDS = ("text", "beam", "attention", "model")
@@ -149,7 +149,8 @@ class TranslationAPI(litserve.LitAPI):
         batched with it: 64 texts of 511 pieces take minutes at beam 16 on a CPU)."""
         translator = self.translators[job.model]
         full = translator.tokenizer.encode(job.texts)
-        kept = [len(ids) for ids in translator.encode_lines(job.texts, warn=False)]
+        limit = source_limit(translator.max_positions)  # as translate will cut them
+        kept = [min(len(ids), limit) for ids in full]
         if sum(kept) > MAX_PIECES:
             return Rejected(f"the texts hold {sum(kept):,} pieces; at most {MAX_PIECES:,} per "
                             "request: send fewer or shorter texts", 413)

@@ -31,9 +31,13 @@ from nmt.translator import Translator
 
 RECORD = "record.json"
 HYPOTHESES = "hyps.txt"
-# What every record holds (``finish_cell``), that the tables and figures read.
-RECORD_FIELDS = {"cell": dict, "key": str, "scores": dict, "train": dict, "provenance": dict,
-                 "attention_stats": dict, "pictures": list}
+# What every record holds (``finish_cell``), that the tables and figures read: fields and types,
+# and within some of them the keys read.
+RECORD_FIELDS = {"cell": dict, "key": str, "config": dict, "scores": dict, "train": dict,
+                 "provenance": dict, "attention_stats": dict, "pictures": list,
+                 "decode_sent_per_s": (int, float)}
+RECORD_KEYS = {"config": ("model",), "scores": ("bleu", "chrf"), "train": ("parameters", "steps"),
+               "provenance": ("precision", "code", "device")}
 
 
 def read_record(folder: Path) -> dict | None:
@@ -50,6 +54,8 @@ def read_record(folder: Path) -> dict | None:
         raise damaged from None
     if not isinstance(record, dict) or any(not isinstance(record.get(field), kind)
                                            for field, kind in RECORD_FIELDS.items()):
+        raise damaged
+    if any(key not in record[field] for field, keys in RECORD_KEYS.items() for key in keys):
         raise damaged
     return record
 

@@ -264,12 +264,11 @@ def train(config: Config) -> Path:
         raise NMTError("the validation split is empty: training validates and keeps checkpoints by it")
     L.seed_everything(config.seed, workers=True, verbose=False)  # the weights: the seed's alone
     model = build_model(config.model, len(data.tokenizer))
-    resumed_vocabulary = resume_from is not None and (run_dir / "spm.model").is_file()
-    if resumed_vocabulary:
+    if resume_from is not None:
         check_vocabulary(run_dir, data.tokenizer)  # before anything of the run is replaced
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / "config.yaml")
-    if not resumed_vocabulary:
+    if resume_from is None:
         shutil.copyfile(data.tokenizer.model_file, run_dir / "spm.model")
     module = TranslationModule(
         model, data.tokenizer, config.optim, config.decoding,

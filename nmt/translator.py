@@ -53,12 +53,17 @@ def moses_nbest(results: list[list[Translation]], first_id: int = 0) -> list[str
     return rows
 
 
+def source_limit(max_positions: int) -> int:
+    """The pieces a source line may have: the model's positions, less one for EOS."""
+    return max_positions - 1
+
+
 def encode_truncated(tokenizer: Tokenizer, lines: list[str], max_positions: int,
                      warn: bool = True, first_line: int = 1) -> list[list[int]]:
-    """Piece ids per line, each cut to ``max_positions - 1`` (room for EOS), with a warning on
+    """Piece ids per line, each cut to ``source_limit`` (room for EOS), with a warning on
     stderr naming the line (``lines[0]`` is line ``first_line`` of the input) unless ``warn``
     is False: the one rule of every engine."""
-    limit = max_positions - 1
+    limit = source_limit(max_positions)
     ids = tokenizer.encode(lines)
     for number, seq in enumerate(ids, start=first_line):
         if len(seq) > limit:
@@ -134,6 +139,17 @@ def load_run(run_dir: str | Path, device: torch.device, weights: str | Path | No
     return model.to(device), tokenizer, config, path
 
 
+def check_ensemble_options(ensemble: list[str | Path], weights: str | Path | None) -> None:
+    """An ensemble's members are training runs, each with its own weights: ``weights`` names
+    a file in each run (a path would give every member the same weights)."""
+    for other in ensemble:
+        if (Path(other) / "model.bin").is_file():
+            raise NMTError(f"{other} is a CTranslate2 export: --ensemble takes training runs")
+    if weights is not None and Path(weights).name != str(weights):
+        raise NMTError(f"--weights {weights} with --ensemble names a file in each run (e.g. "
+                       "averaged.ckpt), not a path")
+
+
 def check_ensemble(run_dir: Path, tokenizer: Tokenizer, config: Config, others: list[Path],
                    members: list[tuple[Tokenizer, Config]]) -> None:
     """Runs decode as one only over one vocabulary (the same SentencePiece pieces: runs on the
@@ -172,6 +188,8 @@ class Translator:
         directories, the same ``weights`` file name in each), the runs decode as one model
         (``nmt.models.ensemble``) with ``run_dir``'s tokenizer and decoding options."""
         device = decoding_device(device)
+        if ensemble:
+            check_ensemble_options(ensemble, weights)
         model, tokenizer, config, path = load_run(run_dir, device, weights)
         members = [load_run(other, device, weights) for other in ensemble]
         if members:
@@ -183,6 +201,10 @@ class Translator:
         translator = cls(model, tokenizer, config, precision, sentences, path)
         translator.ensemble = [member[3] for member in members]
         return translator
+
+    @property
+    def max_positions(self) -> int:
+        return self.model.max_positions
 
     @property
     def device(self) -> torch.device:
@@ -230,7 +252,7 @@ class Translator:
 
     def encode_lines(self, lines: list[str], warn: bool = True, first_line: int = 1) -> list[list[int]]:
         """Piece ids per line, cut to what the model accepts (room left for EOS)."""
-        return encode_truncated(self.tokenizer, lines, self.model.max_positions, warn, first_line)
+        return encode_truncated(self.tokenizer, lines, self.max_positions, warn, first_line)
 
     def _result(self, hyp: Hypothesis, src_ids: list[int]) -> Translation:
         """Detokenized text; attention cut to this sentence's source (+ EOS) columns."""

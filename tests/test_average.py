@@ -168,6 +168,17 @@ def test_the_average_never_overwrites_the_runs_own_files(tmp_path, out):
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+def test_a_checkpoint_linked_from_elsewhere_is_still_the_runs_own(tmp_path):
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere.ckpt"
+    _save(run / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
+    _save(elsewhere, {"model.w": torch.zeros(2)})
+    (run / "best.ckpt").symlink_to(elsewhere)
+    before = elsewhere.read_bytes()
+    with pytest.raises(NMTError, match="is one of the run's own files"):
+        average_run(run, out=run / "best.ckpt")
+    assert elsewhere.read_bytes() == before
+
+
 def test_the_average_training_chose_is_not_replaced_by_another(tmp_path):
     """Where training chose averaged.ckpt as the run's weights, averaging other checkpoints into
     it would change what translate uses without a word: an error, unless it is the same

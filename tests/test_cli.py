@@ -497,6 +497,26 @@ def test_output_to_a_pipe_or_a_link_is_written_through(run, tmp_path, capsys):
     assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--beam", "1",
                  "--output", str(link)]) == 0
     assert link.is_symlink() and target.read_text() == expected
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--output", str(loop)]) == 1
+    assert "a loop of symbolic links" in capsys.readouterr().err
+
+
+def test_output_to_dev_stdout_writes_to_the_stream_whatever_it_is(run, tmp_path):
+    """--output /dev/stdout (a link to the process' own stdout) is written in place: into a pipe,
+    or into the file stdout was sent to, never replaced by a file of its own."""
+    source = tmp_path / "in.txt"
+    source.write_text("haus mann\n")
+    command = [sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run), "--input",
+               str(source), "--beam", "1", "--output", "/dev/stdout"]
+    piped = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert piped.returncode == 0 and piped.stdout.count("\n") == 1, piped.stderr
+    log = tmp_path / "log.txt"
+    with open(log, "w") as out:
+        inode = os.fstat(out.fileno()).st_ino
+        assert subprocess.run(command, stdout=out, cwd=REPO, timeout=300).returncode == 0
+    assert log.read_text() == piped.stdout and log.stat().st_ino == inode  # the same file
 
 
 def test_killed_run_resumes_to_the_same_weights(corpus, run):

@@ -200,8 +200,10 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
     fields = json.loads(kept)
     no_scores = json.dumps({**fields, "scores": None}).encode()
     no_train = json.dumps({k: v for k, v in fields.items() if k != "train"}).encode()
+    no_bleu = json.dumps({**fields, "scores": {k: v for k, v in fields["scores"].items()
+                                               if k != "bleu"}}).encode()
     try:
-        for damage in (b'{"key": ', b"[1, 2]", b"\xff\xfe", no_scores, no_train):
+        for damage in (b'{"key": ', b"[1, 2]", b"\xff\xfe", no_scores, no_train, no_bleu):
             record.write_bytes(damage)
             assert run("a", "--tables-only") == 1
             err = capsys.readouterr().err

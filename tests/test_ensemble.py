@@ -127,6 +127,8 @@ def test_translate_and_evaluate_with_an_ensemble(runs, tmp_path, monkeypatch, ca
     (["--ensemble", "{b}", "--engine", "ctranslate2"], "--ensemble is for the torch engine"),
     (["--ensemble", "{missing}"], "checkpoint directory not found"),
     (["--ensemble", "{enfr}"], "cannot ensemble"),
+    (["--ensemble", "{b}", "--weights", "{a}/best.ckpt"], "with --ensemble names a file in each run"),
+    (["--ensemble", "{export}"], "is a CTranslate2 export: --ensemble takes training runs"),
 ])
 def test_runs_that_cannot_decode_as_one_are_refused_in_one_line(runs, tmp_path, monkeypatch, capsys,
                                                                  options, message):
@@ -135,7 +137,11 @@ def test_runs_that_cannot_decode_as_one_are_refused_in_one_line(runs, tmp_path, 
     shutil.copytree(runs / "b", enfr, ignore=shutil.ignore_patterns("eval"))
     config = (enfr / "config.yaml").read_text()
     (enfr / "config.yaml").write_text(config.replace("tgt_lang: en", "tgt_lang: fr"))
-    paths = {"other": runs / "other", "b": runs / "b", "missing": runs / "missing", "enfr": enfr}
+    export = tmp_path / "export"  # what nmt export writes, as far as a member's check looks
+    shutil.copytree(runs / "b", export, ignore=shutil.ignore_patterns("*.ckpt", "eval"))
+    (export / "model.bin").write_bytes(b"")
+    paths = {"other": runs / "other", "a": runs / "a", "b": runs / "b", "missing": runs / "missing",
+             "enfr": enfr, "export": export}
     (tmp_path / "in.txt").write_text("haus mann\n", encoding="utf-8")
     args = [option.format(**paths) for option in options]
     assert main(["translate", "--checkpoint", str(runs / "a"), "--input", "in.txt", *args]) == 1

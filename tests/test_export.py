@@ -236,3 +236,7 @@ def test_export_over_an_export_keeps_what_else_is_there(run, tmp_path, capsys):
     assert (out / "eval" / "test.beam1.json").is_file()
     assert main(["export", "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 1
     assert "checkpoint directory not found" in capsys.readouterr().err
+    link = tmp_path / "link"
+    link.symlink_to(out)
+    assert main(["export", "--checkpoint", str(run), "--out", str(link)]) == 1
+    assert "is a symbolic link: name the folder itself" in capsys.readouterr().err

@@ -171,6 +171,10 @@ def test_resume_after_the_training_files_changed_their_pieces_is_an_error(tmp_pa
     assert err.splitlines()[-1].startswith("error: ") and "Traceback" not in err  # after preparing
     assert (run / "spm.model").read_bytes() == kept["spm.model"]
     assert "max_steps: 2" in (run / "config.yaml").read_text()  # the last segment's, not 3
+    (run / "spm.model").unlink()  # gone: which pieces the weights index is unknown
+    assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=3"]) == 1
+    assert "spm.model is missing: cannot resume this run" in capsys.readouterr().err
+    assert not (run / "spm.model").exists()
 
 
 def test_checkpoints_that_cannot_be_resumed_are_not_overwritten(corpus, tmp_path, capsys):
