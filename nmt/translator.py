@@ -191,15 +191,17 @@ class Translator:
         if ensemble:
             check_ensemble_options(ensemble, weights)
         model, tokenizer, config, path = load_run(run_dir, device, weights)
-        members = [load_run(other, device, weights) for other in ensemble]
-        if members:
+        others = [load_run(other, device, weights) for other in ensemble]
+        if others:
+            models, tokenizers, configs, paths = zip(*others)
             check_ensemble(Path(run_dir), tokenizer, config, [Path(other) for other in ensemble],
-                           [(member[1], member[2]) for member in members])
-            model = Ensemble([model] + [member[0] for member in members])
-            config = replace(config, model={"family": "ensemble", "members": [
-                config.model] + [member[2].model for member in members]})
+                           list(zip(tokenizers, configs)))
+            model = Ensemble([model, *models])
+            # the probe of --precision auto is cached by this: the members' configs
+            config = replace(config, model={"family": "ensemble",
+                                            "members": [config.model, *(c.model for c in configs)]})
         translator = cls(model, tokenizer, config, precision, sentences, path)
-        translator.ensemble = [member[3] for member in members]
+        translator.ensemble = list(paths) if others else []
         return translator
 
     @property
