@@ -15,11 +15,13 @@ import datetime
 import json
 import math
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from nmt.average import final_weights
 from nmt.config import Config, DecodingConfig, OptimConfig, run_dir_of, save_config
@@ -278,7 +280,7 @@ def train(config: Config) -> Path:
     print_effective_batch(config, trainer)
     if trainer.is_global_zero:
         forget_final_weights(run_dir)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    fit(trainer, module, datamodule, resume_from)
     metric = config.trainer.best_metric  # what best.ckpt's callback monitored
     best = finish_last_epoch(trainer, module, datamodule, run_dir, metric)
     if trainer.is_global_zero:
@@ -287,6 +289,22 @@ def train(config: Config) -> Path:
         print_run_summary(stats, trainer.callback_metrics)
         print(f"translate and evaluate use {weights}: {why}", flush=True)
     return run_dir
+
+
+def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDataModule,
+        resume_from: Path | None) -> None:
+    """``trainer.fit``, with its ends by a signal made ours: Lightning ends a run stopped by
+    SIGTERM (a scheduler's pre-emption, ``kill``) with a bare SystemExit, i.e. exit status 0 as
+    if it had finished, and one stopped by Ctrl-C with exit status 1."""
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        if isinstance(sys.exc_info()[1], SIGTERMException):
+            raise NMTError("stopped by SIGTERM: the same command resumes the run from its last "
+                           "checkpoint") from None
+        raise KeyboardInterrupt from None  # the command line's "interrupted", exit status 130
 
 
 def finish_last_epoch(trainer: L.Trainer, module: TranslationModule,

@@ -137,6 +137,27 @@ def test_sigkill_after_a_mid_epoch_checkpoint(corpus, straight, tmp_path):
     assert_same_weights(tmp_path, straight)
 
 
+@pytest.mark.parametrize("signal_number,code,message", [
+    (signal.SIGTERM, 1, "stopped by SIGTERM: the same command resumes the run"),
+    (signal.SIGINT, 130, "interrupted"),
+])
+def test_a_run_stopped_by_a_signal_says_so_and_fails(corpus, tmp_path, signal_number, code, message):
+    """A run stopped by SIGTERM (a scheduler's pre-emption) or Ctrl-C after a checkpoint exits
+    non-zero with one line of its own: Lightning ended the first with status 0, as if finished."""
+    command = args(corpus, tmp_path, "trainer.val_check_interval=3")
+    process = subprocess.Popen([sys.executable, "-c", SLOW_MAIN, *command], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (tmp_path / "last.ckpt").exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal_number)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == code, err[-2000:]
+    assert err.splitlines()[-1] == (f"error: {message} from its last checkpoint"
+                                    if code == 1 else message)
+    assert not (tmp_path / "train_stats.json").exists()  # not finished
+
+
 def test_resume_with_a_trajectory_option_changed_is_an_error(corpus, tmp_path, capsys):
     assert main(args(corpus, tmp_path, "trainer.max_steps=1")) == 0
     for change, key in [(["--seed", "4"], "seed"), (["optim.lr=0.002"], "optim.lr"),
