@@ -36,8 +36,8 @@ HYPOTHESES = "hyps.txt"
 RECORD_FIELDS = {"cell": dict, "key": str, "config": dict, "scores": dict, "train": dict,
                  "provenance": dict, "attention_stats": dict, "pictures": list,
                  "decode_sent_per_s": (int, float)}
-RECORD_KEYS = {"config": ("model",), "scores": ("bleu", "chrf"), "train": ("parameters", "steps"),
-               "provenance": ("precision", "code", "device")}
+RECORD_KEYS = {"config": ("model",), "scores": ("bleu", "chrf", "sentences"),
+               "train": ("parameters", "steps"), "provenance": ("precision", "code", "device")}
 
 
 def read_record(folder: Path) -> dict | None:
@@ -60,8 +60,18 @@ def read_record(folder: Path) -> dict | None:
     return record
 
 
-def read_hypotheses(folder: Path) -> list[str]:
-    return (folder / HYPOTHESES).read_text(encoding="utf-8").split("\n")[:-1]
+def read_hypotheses(folder: Path, sentences: int) -> list[str]:
+    """The cell's test translations, one a line; a one-line error where they are not the
+    record's ``sentences`` lines of UTF-8 (the significance tests pair them line by line)."""
+    path = folder / HYPOTHESES
+    try:
+        hyps = path.read_text(encoding="utf-8").split("\n")[:-1]
+    except UnicodeDecodeError:
+        hyps = None
+    if hyps is None or len(hyps) != sentences:
+        raise NMTError(f"{path} is not the cell's {sentences} test translations; delete the cell's "
+                       "folder, and compare records the cell again")
+    return hyps
 
 
 def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,

@@ -38,7 +38,8 @@ def current_records(cfg: CompareConfig, preset: str, out: Path, extra: list[str]
         if record is not None:
             key, _ = cell_key(cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra or []))
             if record["key"] == key:
-                record["hyps"] = read_hypotheses(out / "cells" / cell.name)
+                record["hyps"] = read_hypotheses(out / "cells" / cell.name,
+                                                 record["scores"]["sentences"])
                 found[cell] = record
     return found
 

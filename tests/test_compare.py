@@ -210,6 +210,16 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
             assert f"{record} is not a cell's record" in err and "Traceback" not in err
     finally:
         record.write_bytes(kept)
+    hyps = record.parent / "hyps.txt"  # the significance tests pair its lines with the others'
+    translations = hyps.read_bytes()
+    try:
+        for damage in (translations[: translations.rindex(b"\n", 0, -1) + 1], b"\xff\xfe\n"):
+            hyps.write_bytes(damage)
+            assert run("a", "--tables-only") == 1
+            err = capsys.readouterr().err
+            assert f"{hyps} is not the cell's" in err and "Traceback" not in err
+    finally:
+        hyps.write_bytes(translations)
     bad = tmp_path / "compare.yaml"
     for text in ("presets: [a: b", "\udcff", "[1, 2]", "presets: {a: {groups: [1]}}"):
         bad.write_text(text, errors="surrogateescape")

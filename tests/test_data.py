@@ -80,6 +80,13 @@ def test_named_test_files_alone_are_an_error_not_ignored(tmp_path):
             load_corpus(cfg)
 
 
+def test_a_folder_named_as_a_corpus_file_is_called_a_folder(tmp_path):
+    files = write_corpus(tmp_path)
+    cfg = DataConfig(train_files=[str(tmp_path), files["train"][1]], val_files=files["val"])
+    with pytest.raises(NMTError, match="is a folder, not a file"):
+        load_corpus(cfg)
+
+
 def test_missing_named_file_is_a_clear_error(tmp_path):
     cfg = DataConfig(train_files=[str(tmp_path / "a"), str(tmp_path / "b")], val_files=["x", "y"])
     with pytest.raises(NMTError, match="no such file"):
@@ -105,6 +112,13 @@ def test_unreachable_hub_names_paths_tried(tmp_path, monkeypatch):
         (folder / name).write_text("")
     with pytest.raises(NMTError, match=r"\(that folder has en, fr\)"):  # a user asked for another
         load_corpus(DataConfig(data_dir=str(tmp_path), src_lang="xx"))
+    # A Hub corpus named by data.hub_dataset: the local folder is passed over, and the message
+    # says so rather than asking for files that are there.
+    cfg = DataConfig(data_dir=str(tmp_path), hub_dataset="wmt14", hub_config="de-en")
+    with pytest.raises(NMTError) as err:
+        load_corpus(cfg)
+    assert str(err.value).startswith("the Hub dataset 'wmt14' (data.hub_dataset) could not be loaded")
+    assert f"Drop data.hub_dataset to read {folder}/" in str(err.value)
 
 
 def test_joint_tokenizer_round_trip_and_cache(tmp_path):
@@ -411,6 +425,8 @@ def test_prepare_command_and_a_bad_line(tmp_path, capsys):
             f"data.train_files=[{','.join(files['train'])}]",
             f"data.val_files=[{','.join(files['val'])}]",
             f"data.data_dir={tmp_path / 'data'}", "data.vocab_size=100"]
+    assert main([*argv, "--train-lines", "-5"]) == 1  # as train: no lines cut off the end
+    assert "data.train_lines must be at least 1" in capsys.readouterr().err
     assert main(argv) == 0
     folder = Path(capsys.readouterr().out.split("prepared corpus: ")[1].strip())
     assert (folder / "meta.json").is_file() and (folder / "train.de.ids").is_file()

@@ -213,6 +213,8 @@ def _named_files(cfg: DataConfig) -> dict[str, Source]:
         if len(pair) != 2:
             raise NMTError(f"data.{split}_files needs two paths [source, target], got {pair}")
         for path in pair:
+            if Path(path).is_dir():
+                raise NMTError(f"data.{split}_files: {path} is a folder, not a file")
             if not Path(path).is_file():
                 raise NMTError(f"data.{split}_files: no such file: {path}")
         files[split] = (str(pair[0]), str(pair[1]))
@@ -269,6 +271,10 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
     try:
         hub = datasets.load_dataset(name, cfg.hub_config, streaming=cfg.hub_streaming)
     except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
+        if cfg.hub_dataset is not None:  # asked for by name: the local folder is not looked at
+            raise NMTError(f"the Hub dataset '{name}' (data.hub_dataset) could not be loaded: "
+                           f"{first_line(err)}. Drop data.hub_dataset to read {local}/, or set "
+                           "data.train_files/data.val_files.") from None
         raise NMTError(
             f"corpus '{cfg.corpus}' ({pair}) not found locally in {local}/ "
             f"(train|val|test_2016_flickr).<lang>[.gz]{_languages_there(local)} and the Hub "
