@@ -107,7 +107,9 @@ def test_time_budget_then_continue(corpus, straight, tmp_path, monkeypatch):
 
 
 SLOW_MAIN = """
-import sys, time
+import signal, sys, time
+# Ctrl-C as in a terminal, also where the suite runs in the background (SIGINT ignored there)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from nmt.training import TranslationModule
 step = TranslationModule.training_step
 def slow_step(self, batch, batch_idx):
