@@ -15,7 +15,6 @@ import datetime
 import json
 import math
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -298,10 +297,10 @@ def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDa
     if it had finished, and one stopped by Ctrl-C with exit status 1."""
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
-    except SystemExit:
+    except SystemExit as stop:
         if not trainer.interrupted:
             raise
-        if isinstance(sys.exc_info()[1], SIGTERMException):
+        if isinstance(stop, SIGTERMException):
             raise NMTError("stopped by SIGTERM: the same command resumes the run from its last "
                            "checkpoint") from None
         raise KeyboardInterrupt from None  # the command line's "interrupted", exit status 130
