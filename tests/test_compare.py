@@ -196,30 +196,30 @@ def test_options_training_would_refuse_are_refused_by_tables_only_too(study, cap
 def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
     run, out, _, _ = study
     record = out / "a" / "cells" / "rnn_dot_seed1" / "record.json"
-    kept = record.read_bytes()
-    fields = json.loads(kept)
+    fields = json.loads(record.read_bytes())
     no_scores = json.dumps({**fields, "scores": None}).encode()
     no_train = json.dumps({k: v for k, v in fields.items() if k != "train"}).encode()
     no_bleu = json.dumps({**fields, "scores": {k: v for k, v in fields["scores"].items()
                                                if k != "bleu"}}).encode()
-    try:
-        for damage in (b'{"key": ', b"[1, 2]", b"\xff\xfe", no_scores, no_train, no_bleu):
-            record.write_bytes(damage)
-            assert run("a", "--tables-only") == 1
-            err = capsys.readouterr().err
-            assert f"{record} is not a cell's record" in err and "Traceback" not in err
-    finally:
-        record.write_bytes(kept)
+
+    def refused(path, damages, message):
+        """Each damage of ``path`` fails the tables in one line naming it; ``path`` restored."""
+        kept = path.read_bytes()
+        try:
+            for damage in damages:
+                path.write_bytes(damage)
+                assert run("a", "--tables-only") == 1
+                err = capsys.readouterr().err
+                assert f"{path} {message}" in err and "Traceback" not in err
+        finally:
+            path.write_bytes(kept)
+
+    refused(record, (b'{"key": ', b"[1, 2]", b"\xff\xfe", no_scores, no_train, no_bleu),
+            "is not a cell's record")
     hyps = record.parent / "hyps.txt"  # the significance tests pair its lines with the others'
     translations = hyps.read_bytes()
-    try:
-        for damage in (translations[: translations.rindex(b"\n", 0, -1) + 1], b"\xff\xfe\n"):
-            hyps.write_bytes(damage)
-            assert run("a", "--tables-only") == 1
-            err = capsys.readouterr().err
-            assert f"{hyps} is not the cell's" in err and "Traceback" not in err
-    finally:
-        hyps.write_bytes(translations)
+    refused(hyps, (translations[: translations.rindex(b"\n", 0, -1) + 1], b"\xff\xfe\n"),
+            "is not the cell's")
     bad = tmp_path / "compare.yaml"
     for text in ("presets: [a: b", "\udcff", "[1, 2]", "presets: {a: {groups: [1]}}"):
         bad.write_text(text, errors="surrogateescape")
