@@ -52,11 +52,15 @@ def file_pairs(source: str, reference: str) -> tuple[list[str], list[str]]:
     return sources, references
 
 
+def paths_hash(paths: list[str]) -> str:
+    """8 hex digits that tell files named by ``paths`` apart in an evaluation's file name."""
+    return hashlib.sha1("\n".join(paths).encode()).hexdigest()[:8]
+
+
 def files_name(source: str, reference: str) -> str:
     """What ``evaluate --files`` calls its test set in file names: the source file's name and
     a hash of both paths, so that two test sets never share a name."""
-    paths = "\n".join(str(Path(p).resolve()) for p in (source, reference))
-    return f"{Path(source).name}-{hashlib.sha1(paths.encode()).hexdigest()[:8]}"
+    return f"{Path(source).name}-{paths_hash([str(Path(p).resolve()) for p in (source, reference)])}"
 
 
 def evaluate_split(translator, run_dir: Path, split: str, beam: int | None = None,
@@ -109,11 +113,10 @@ def eval_file_stem(split: str, beam: int, weights: str | None = None, alpha: flo
     an ensemble (their number with the run's, and a hash of their weights files' paths)."""
     parts = [f"{split}.beam{beam}"]
     if ensemble:
-        members = hashlib.sha1("\n".join(ensemble).encode()).hexdigest()[:8]
-        parts.append(f"ensemble{len(ensemble) + 1}-{members}")
+        parts.append(f"ensemble{len(ensemble) + 1}-{paths_hash(list(ensemble))}")
     if weights:
         path = Path(weights)
-        outside = f"-{hashlib.sha1(weights.encode()).hexdigest()[:8]}" if path.is_absolute() else ""
+        outside = f"-{paths_hash([weights])}" if path.is_absolute() else ""
         parts.append(path.stem + outside)
     if alpha is not None:
         parts.append(f"alpha{alpha:g}")
