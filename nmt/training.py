@@ -104,16 +104,24 @@ class TranslationModule(L.LightningModule):
         self._epoch_seconds += time.perf_counter() - self._step_start  # forward..optimizer step
 
     def on_train_epoch_end(self) -> None:
-        tokens = int(self._epoch_tokens)
+        tokens = self._epoch_tokens_of_all_processes()
         self.log("train_tgt_tok_per_s", tokens / max(self._epoch_seconds, 1e-9))
         self.totals["tgt_tokens"] += tokens
         self.totals["step_seconds"] += self._epoch_seconds
         self._epoch_tokens, self._epoch_seconds = 0, 0.0
 
+    def _epoch_tokens_of_all_processes(self) -> int:
+        """The running epoch's target tokens, summed over the processes: under DDP each trains
+        on its own share of the batches. A collective, so every process calls it; the seconds
+        stay each process's own, as the processes wait for each other at every step."""
+        tokens = torch.tensor(int(self._epoch_tokens), device=self.device)
+        return int(self.trainer.strategy.reduce(tokens, reduce_op="sum"))
+
     def run_totals(self) -> dict:
         """The whole run's totals so far, resumed segments and the running epoch included:
-        target tokens, seconds in training steps, and wall-clock seconds."""
-        return {"tgt_tokens": self.totals["tgt_tokens"] + int(self._epoch_tokens),
+        target tokens (of all processes: every process calls this), seconds in training
+        steps, and wall-clock seconds."""
+        return {"tgt_tokens": self.totals["tgt_tokens"] + self._epoch_tokens_of_all_processes(),
                 "step_seconds": self.totals["step_seconds"] + self._epoch_seconds,
                 "wall_seconds": self.wall_seconds()}
 
@@ -282,9 +290,10 @@ def train(config: Config) -> Path:
     fit(trainer, module, datamodule, resume_from)
     metric = config.trainer.best_metric  # what best.ckpt's callback monitored
     best = finish_last_epoch(trainer, module, datamodule, run_dir, metric)
+    totals = module.run_totals()  # on every process: it sums their tokens
     if trainer.is_global_zero:
         weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
-        stats = write_train_stats(run_dir, module, trainer, metric, best, weights)
+        stats = write_train_stats(run_dir, totals, module, trainer, metric, best, weights)
         print_run_summary(stats, trainer.callback_metrics)
         print(f"translate and evaluate use {weights}: {why}", flush=True)
     return run_dir
@@ -341,13 +350,13 @@ def print_effective_batch(config: Config, trainer: L.Trainer) -> None:
               flush=True)
 
 
-def write_train_stats(run_dir: Path, module: TranslationModule, trainer: L.Trainer,
+def write_train_stats(run_dir: Path, totals: dict, module: TranslationModule, trainer: L.Trainer,
                       metric: str, best: float | None, weights: str) -> dict:
-    """train_stats.json: the run's totals (all resumed segments), read by ``compare``, and the
+    """train_stats.json: the run's ``totals`` (``TranslationModule.run_totals``: all resumed
+    segments, all processes), read by ``compare``, and the
     weights file that translate and evaluate take by default (``final_weights``). Returns
     what it wrote. ``epochs``: optimizer steps / steps per epoch, so a budget that stopped
     inside an epoch counts its part (Lightning's epoch counter counts it whole)."""
-    totals = module.run_totals()
     per_epoch = steps_per_epoch(trainer)
     stats = {
         "wall_seconds": round(totals["wall_seconds"], 1),

@@ -24,6 +24,9 @@ import yaml
 
 from nmt.cli import main, parser
 from nmt.cli.decoding import input_chunks, open_input
+from nmt.config import load_config
+from nmt.data.batching import TokenBatchSampler
+from nmt.data.module import prepare_data, split_dataset
 from nmt.errors import NMTError
 
 from .conftest import REPO, tiny_train_args, write_corpus
@@ -450,6 +453,24 @@ def test_ddp_on_two_cpu_processes(tmp_path):
     scores = json.loads((run_dir / "eval" / "val.beam1.json").read_text())
     assert scores["sentences"] == 41 and scores["bleu"] > 0
     assert scores["bleu"] == round(ddp_bleu, 2)  # evaluate reports two decimals
+    # train_stats.json counts the target tokens that both processes trained on.
+    stats = json.loads((run_dir / "train_stats.json").read_text())
+    assert stats["world_size"] == 2
+    assert stats["tgt_tokens"] == _epoch_target_tokens(run_dir, world_size=2)
+
+
+def _epoch_target_tokens(run_dir: Path, world_size: int) -> int:
+    """The non-pad target tokens (pieces + EOS) of one training epoch's batches, over all
+    ``world_size`` processes, as the run's own sampler cuts them."""
+    config = load_config(run_dir / "config.yaml")
+    train_set = split_dataset(prepare_data(config.data), "train", config.data.max_len)
+    tokens = 0
+    for rank in range(world_size):
+        sampler = TokenBatchSampler(train_set.lengths(), config.data.max_tokens, shuffle=True,
+                                    seed=config.seed, rank=rank, world_size=world_size)
+        sampler.set_epoch(0)
+        tokens += sum(int(train_set.tgt.lengths[rows].sum()) + len(rows) for rows in sampler)
+    return tokens
 
 
 @pytest.mark.parametrize("extra,message", [
