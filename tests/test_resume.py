@@ -273,3 +273,14 @@ def test_a_folder_holding_other_files_is_not_trained_into(corpus, tmp_path, caps
     err = capsys.readouterr().err
     assert "holds files a new run would mix with or overwrite (model.bin)" in err
     assert err.count("\n") == 1 and (tmp_path / "config.yaml").read_text() == "exported: true\n"
+
+
+def test_a_resumed_run_keeps_only_its_last_checkpoints(corpus, tmp_path):
+    """Validating every step and keeping 2: a run stopped by its budget at step 3 and resumed
+    to the end of epoch 2 keeps step 7 and step 8 alone, as an uninterrupted run does (the
+    record of kept files in last.ckpt must name step 3's, written at the same validation)."""
+    keep = ["trainer.val_check_interval=1", "trainer.keep_last_checkpoints=2"]
+    assert main(args(corpus, tmp_path, "trainer.max_steps=3", *keep)) == 0
+    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["step2.ckpt", "step3.ckpt"]
+    assert main(args(corpus, tmp_path, *keep)) == 0
+    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["step7.ckpt", "step8.ckpt"]
