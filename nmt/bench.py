@@ -21,8 +21,7 @@ from nmt.config import Config
 from nmt.data.batching import Batch, PairDataset
 from nmt.data.module import TranslationDataModule, decoding_loader, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
-from nmt.engines import ENGINES
-from nmt.errors import NMTError
+from nmt.engines import check_engine_options
 from nmt.evaluate import split_pairs
 from nmt.memory import peak_memory_mb
 from nmt.metrics import score_corpus
@@ -225,14 +224,15 @@ def count_rows(model) -> list[int]:
 
 def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int | None = None,
                  recompute: bool = True, engines: tuple[str, ...] = ("torch",),
-                 precisions: tuple[str, ...] = ("auto",), repeat: int = 3) -> dict:
+                 precisions: tuple[str, ...] = ("auto",), repeat: int = 3,
+                 ensemble: list[str] = ()) -> dict:
     """Sentences/s, generated tokens/s and BLEU of greedy and beam search over a corpus split,
     for each engine (torch: at each decoding precision; ctranslate2: the run exported in
-    float32) at each beam size; the fastest of ``repeat`` passes taken in turn."""
-    unknown = [e for e in engines if e not in ENGINES]
-    if unknown:
-        raise NMTError(f"unknown engine '{unknown[0]}'; choose from: {', '.join(ENGINES)}")
-    translator = Translator.from_run_dir(run_dir, precision=precisions[0])
+    float32) at each beam size; the fastest of ``repeat`` passes taken in turn. With
+    ``ensemble``, the torch engine decodes with those runs too (``Translator.from_run_dir``)."""
+    for engine in engines:
+        check_engine_options(engine, None, None, ensemble)
+    translator = Translator.from_run_dir(run_dir, precision=precisions[0], ensemble=ensemble)
     sources, references = split_pairs(translator.config.data, split)
     corpus = {"src": sources[:limit], "tgt": references[:limit]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -252,7 +252,9 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
         rows = _decode_rows(decoders, beams, corpus, repeat)
     if recompute:
         rows.append(_recompute_row(translator, corpus["src"]))
-    return {"bench": "decode", "run": str(run_dir), "split": split, "sentences": len(corpus["src"]),
+    return {"bench": "decode", "run": str(run_dir),
+            "ensemble": [str(path) for path in translator.ensemble],
+            "split": split, "sentences": len(corpus["src"]),
             "passes": repeat, "prune_margin": translator.config.decoding.prune_margin,
             "rows": rows, "peak_rss_mb": round(peak_memory_mb(), 1),
             **_speed_ratios(rows, translator.precision.precision)}

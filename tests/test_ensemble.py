@@ -148,3 +148,27 @@ def test_runs_that_cannot_decode_as_one_are_refused_in_one_line(runs, tmp_path, 
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "pics").exists()
+
+
+def test_bench_decode_times_an_ensemble(runs, capsys, monkeypatch):
+    """bench decode --ensemble decodes with the ensemble, as evaluate --ensemble does, and
+    names the members."""
+    a, b = str(runs / "a"), str(runs / "b")
+    fp32 = ["--precision", "32-true", "--beam", "2"]
+    assert main(["evaluate", "--checkpoint", a, "--ensemble", b, *fp32]) == 0
+    [written] = (runs / "a" / "eval").glob("test.beam2.ensemble2-*.32-true.json")
+    steps = []
+    decode_step = Ensemble.decode_step
+    monkeypatch.setattr(Ensemble, "decode_step",
+                        lambda self, *args, **kwargs: steps.append(1) or decode_step(self, *args, **kwargs))
+    capsys.readouterr()
+    assert main(["bench", "decode", "--checkpoint", a, "--ensemble", b, *fp32, "--repeat", "1"]) == 0
+    assert steps  # the ensemble decoded
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["ensemble"] == [str((runs / "b" / "best.ckpt").resolve())]
+    [beam2] = [row for row in summary["rows"] if row["mode"] == "beam2"]
+    assert beam2["bleu"] == pytest.approx(json.loads(written.read_text())["bleu"], abs=0.01)
+    assert main(["bench", "decode", "--checkpoint", a, "--ensemble", b,
+                 "--engine", "torch,ctranslate2"]) == 1
+    err = capsys.readouterr().err
+    assert "--ensemble is for the torch engine" in err and err.count("\n") == 1

@@ -55,6 +55,8 @@ def add_bench_decode(what: argparse._SubParsersAction) -> None:
     bench_decode.add_argument("--precision", default="auto",
                               help="comma-separated torch decoding precisions: "
                               + ", ".join(DECODING_PRECISIONS))
+    bench_decode.add_argument("--ensemble", nargs="+", default=[], metavar="RUN",
+                              help="more run directories to decode with, as translate's --ensemble")
 
 def cmd_bench_decode(args: argparse.Namespace) -> None:
     from nmt.bench import bench_decode
@@ -66,7 +68,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> None:
                        f"{', '.join(DECODING_PRECISIONS)}")
     summary = bench_decode(args.checkpoint, args.beam, args.split, args.limit,
                            engines=tuple(args.engine.split(",")), precisions=precisions,
-                           repeat=args.repeat)
+                           repeat=args.repeat, ensemble=args.ensemble)
     print_table(summary["rows"])
     print(json.dumps(summary))
 
