@@ -9,10 +9,11 @@ search per length bucket.
     POST /translate  {"text": ["...", ...], "beam": 5, "attention": false, "model": NAME}
         -> {"model": NAME, "translations": ["...", ...],
             "attention": [{"source": [...], "target": [...], "weights": [[...]]}, ...],  # if asked
+                                                               # (null for an ensemble's)
             "warnings": ["text 2 has 900 pieces; truncated to 511"]}                       # if any
     GET /health      "ok" once the worker is ready (LitServe's)
     GET /info        {"model": {"models": [{name, family, attention, src_lang, tgt_lang,
-                      parameters, engine}, ...], ...}, "server": {...}} (LitServe's)
+                      parameters, engine, [ensemble]}, ...], ...}, "server": {...}} (LitServe's)
     GET /            the web page (nmt/web/)
 
 A bad request gets a 400 with {"error": "<one line>"}. It is checked in the worker but never
@@ -40,9 +41,9 @@ from nmt.config import load_config
 from nmt.data.tokenizer import Tokenizer
 from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError
-from nmt.models import build_model, model_option
+from nmt.models import build_model, check_model_config, model_option
 from nmt.plots import EOS_PIECE, attention_matrix
-from nmt.translator import find_checkpoint, source_limit
+from nmt.translator import check_ensemble, find_checkpoint, source_limit
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 FIELDS = ("text", "beam", "attention", "model")
@@ -123,18 +124,20 @@ class TranslationAPI(litserve.LitAPI):
     """LitServe's view of our translators: decode_request -> predict (batched) -> response."""
 
     def __init__(self, runs: dict[str, str], engine: str, default_beam: int, max_batch: int,
-                 weights: str | None = None, precision: str | None = None):
+                 weights: str | None = None, precision: str | None = None,
+                 ensemble: list[str] = ()):
         super().__init__(max_batch_size=max_batch, batch_timeout=BATCH_TIMEOUT,
                          api_path="/translate")
         self.runs, self.engine, self.default_beam = runs, engine, default_beam
-        self.weights, self.precision = weights, precision  # as translate's --weights, --precision
+        # as translate's --weights, --precision and --ensemble (the one run's members)
+        self.weights, self.precision, self.ensemble = weights, precision, list(ensemble)
 
     def setup(self, device: str) -> None:
         """Load every model and translate one sentence with each, so that one-time costs
         (kernel initialisation, first allocations: seconds on a CPU) are paid before /health
         says ready, not by the first requests."""
-        self.translators = {name: load_translator(path, self.engine, device,
-                                                  self.weights, self.precision, self.max_batch_size)
+        self.translators = {name: load_translator(path, self.engine, device, self.weights,
+                                                  self.precision, self.max_batch_size, self.ensemble)
                             for name, path in self.runs.items()}
         for translator in self.translators.values():
             translator.translate(["warm-up"], self.default_beam)
@@ -177,9 +180,11 @@ class TranslationAPI(litserve.LitAPI):
         split back in job order. A failure fails these jobs only, not the whole batch."""
         texts = [text for job in jobs for text in job.texts]
         first = jobs[0]
+        # An ensemble's answers carry no attention: it would be its first run's alone.
+        need_attn = first.attention and not self.ensemble
         try:
             results = self.translators[first.model].translate(  # warnings: in each answer
-                texts, first.beam, need_attn=first.attention, warn=False)
+                texts, first.beam, need_attn=need_attn, warn=False)
         except Exception as err:  # whatever it is, it must not fail the other requests
             return [Rejected(f"translation failed: {type(err).__name__}: {err}".splitlines()[0], 500)
                     for _ in jobs]
@@ -206,15 +211,26 @@ class TranslationAPI(litserve.LitAPI):
         return JSONResponse(output)
 
 
-def model_info(name: str, path: str, engine: str) -> dict:
-    """What /info says about a served model, read from its config without loading weights."""
+def model_info(name: str, path: str, engine: str, ensemble: list[str] = ()) -> dict:
+    """What /info says about a served model, read from its config without loading weights;
+    an ensemble names its other members, and counts the parameters of all."""
     config = load_config(Path(path) / "config.yaml")
-    with torch.device("meta"):  # shapes only: counting parameters allocates nothing
-        model = build_model(config.model, len(Tokenizer(Path(path) / "spm.model")))
-    return {"name": name, "family": config.model["family"],
-            "attention": model_option(type(model), config.model, "attention"),
+    cls, kwargs = check_model_config(config.model)
+    info = {"name": name, "family": config.model["family"],
+            "attention": model_option(cls, kwargs, "attention"),
             "src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
-            "parameters": sum(p.numel() for p in model.parameters()), "engine": engine}
+            "parameters": sum(map(parameter_count, [path, *ensemble])), "engine": engine}
+    if ensemble:
+        info["ensemble"] = [Path(member).resolve().name for member in ensemble]
+    return info
+
+
+def parameter_count(run_dir: str) -> int:
+    """The parameters of a run's model, counted from its config and vocabulary."""
+    config = load_config(Path(run_dir) / "config.yaml")
+    with torch.device("meta"):  # shapes only: counting parameters allocates nothing
+        model = build_model(config.model, len(Tokenizer(Path(run_dir) / "spm.model")))
+    return sum(p.numel() for p in model.parameters())
 
 
 def served_models(paths: list[str], engine: str) -> dict[str, str]:
@@ -273,18 +289,23 @@ def add_page(app) -> None:
 
 def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
                  max_batch: int = 32, timeout: float = 120.0, weights: str | None = None,
-                 precision: str | None = None) -> litserve.LitServer:
+                 precision: str | None = None, ensemble: list[str] = ()) -> litserve.LitServer:
     """A LitServer for the given run (or export) directories; ``run`` it to serve. ``weights``
-    (a checkpoint file of each run, e.g. averaged.ckpt) and ``precision`` as for translate."""
-    check_engine_options(engine, weights, precision)  # now, not in a worker after start-up
+    (a checkpoint file of each run, e.g. averaged.ckpt), ``precision`` and ``ensemble`` (more
+    runs that decode with the one in ``paths``, as one model named after it) as for translate."""
+    check_engine_options(engine, weights, precision, ensemble)  # now, not in a worker
     if not 1 <= beam <= MAX_BEAM:
         raise NMTError(f"--beam must be from 1 to {MAX_BEAM}, got {beam}")
+    if ensemble and len(paths) > 1:
+        raise NMTError("--ensemble serves one model: give one --checkpoint with it")
     runs = served_models(paths, engine)
     if engine == "torch":  # no weights file to load: one line now, not an error in a worker
         for path in runs.values():
             find_checkpoint(Path(path), weights)
-    info = [model_info(name, path, engine) for name, path in runs.items()]
-    api = TranslationAPI(runs, engine, beam, max_batch, weights, precision)
+    if ensemble:
+        check_ensemble(paths[0], ensemble, weights)
+    info = [model_info(name, path, engine, ensemble) for name, path in runs.items()]
+    api = TranslationAPI(runs, engine, beam, max_batch, weights, precision, ensemble)
     # cuda or cpu, never LitServe's "auto" pick of Apple's mps, which our models do not run on
     accelerator = "cuda" if torch.cuda.is_available() else "cpu"
     server = litserve.LitServer(api, accelerator=accelerator, timeout=timeout,
@@ -308,7 +329,7 @@ def check_port_free(host: str, port: int) -> None:
 
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: str = "torch",
           beam: int = 5, max_batch: int = 32, weights: str | None = None,
-          precision: str | None = None) -> None:
+          precision: str | None = None, ensemble: list[str] = ()) -> None:
     """Serve until Ctrl-C or SIGTERM (either stops LitServe's worker processes too)."""
     if host not in HOSTS:
         raise NMTError(f"--host must be one of {', '.join(HOSTS)} (LitServe binds only these)")
@@ -317,7 +338,8 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
     if max_batch < 1:
         raise NMTError(f"--max-batch must be at least 1, got {max_batch}")
     check_port_free(host, port)
-    server = build_server(paths, engine, beam, max_batch, weights=weights, precision=precision)
+    server = build_server(paths, engine, beam, max_batch, weights=weights, precision=precision,
+                          ensemble=ensemble)
     # SIGTERM as Ctrl-C: LitServe then stops its worker processes. Its forked HTTP server
     # keeps the default, so that LitServe's own terminate() ends it quietly.
     signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -139,29 +139,27 @@ def load_run(run_dir: str | Path, device: torch.device, weights: str | Path | No
     return model.to(device), tokenizer, config, path
 
 
-def check_ensemble_options(ensemble: list[str | Path], weights: str | Path | None) -> None:
-    """An ensemble's members are training runs, each with its own weights: ``weights`` names
-    a file in each run (a path would give every member the same weights)."""
-    for other in ensemble:
-        if (Path(other) / "model.bin").is_file():
-            raise NMTError(f"{other} is a CTranslate2 export: --ensemble takes training runs")
+def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],
+                   weights: str | Path | None) -> None:
+    """Before any weights load, one-line errors for runs that cannot decode as one. The
+    members are training runs with weights (``weights`` names a file in each: a path would give
+    every member the same weights), of the same language pair, and over one vocabulary: the
+    same SentencePiece pieces, which runs on the same corpus and ``data.vocab_size`` have."""
     if weights is not None and Path(weights).name != str(weights):
         raise NMTError(f"--weights {weights} with --ensemble names a file in each run (e.g. "
                        "averaged.ckpt), not a path")
-
-
-def check_ensemble(run_dir: Path, tokenizer: Tokenizer, config: Config, others: list[Path],
-                   members: list[tuple[Tokenizer, Config]]) -> None:
-    """Runs decode as one only over one vocabulary (the same SentencePiece pieces: runs on the
-    same corpus and ``data.vocab_size`` have them) and one language pair; a one-line error
-    otherwise."""
+    config = load_config(existing_run_dir(run_dir) / "config.yaml")
     pair = (config.data.src_lang, config.data.tgt_lang)
-    vocabulary = tokenizer.vocabulary()
-    for other, (other_tokenizer, other_config) in zip(others, members):
+    vocabulary = Tokenizer(Path(run_dir) / "spm.model").vocabulary()
+    for other in ensemble:
+        if (Path(other) / "model.bin").is_file():
+            raise NMTError(f"{other} is a CTranslate2 export: --ensemble takes training runs")
+        other_config = load_config(existing_run_dir(other) / "config.yaml")
+        find_checkpoint(Path(other), weights)
         if (other_config.data.src_lang, other_config.data.tgt_lang) != pair:
             raise NMTError(f"cannot ensemble {other} ({other_config.data.src_lang}->"
                            f"{other_config.data.tgt_lang}) with {run_dir} ({pair[0]}->{pair[1]})")
-        if other_tokenizer.vocabulary() != vocabulary:
+        if Tokenizer(Path(other) / "spm.model").vocabulary() != vocabulary:
             raise NMTError(f"cannot ensemble {other} with {run_dir}: their SentencePiece models "
                            "differ, and an ensemble needs one vocabulary (runs on the same corpus "
                            "and data.vocab_size share it)")
@@ -189,13 +187,11 @@ class Translator:
         (``nmt.models.ensemble``) with ``run_dir``'s tokenizer and decoding options."""
         device = decoding_device(device)
         if ensemble:
-            check_ensemble_options(ensemble, weights)
+            check_ensemble(run_dir, ensemble, weights)
         model, tokenizer, config, path = load_run(run_dir, device, weights)
         others = [load_run(other, device, weights) for other in ensemble]
         if others:
-            models, tokenizers, configs, paths = zip(*others)
-            check_ensemble(Path(run_dir), tokenizer, config, [Path(other) for other in ensemble],
-                           list(zip(tokenizers, configs)))
+            models, _, configs, paths = zip(*others)
             model = Ensemble([model, *models])
             # the probe of --precision auto is cached by this: the members' configs
             config = replace(config, model={"family": "ensemble",

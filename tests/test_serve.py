@@ -310,3 +310,38 @@ def test_serve_a_run_without_weights_is_one_line_before_start(runs, capsys, tmp_
     assert main(["serve", "--checkpoint", str(bare)]) == 1
     err = capsys.readouterr().err
     assert f"no best.ckpt or last.ckpt in {bare}" in err and err.count("\n") == 1
+
+
+def test_an_ensemble_is_served_as_one_model(runs):
+    """serve --checkpoint first --ensemble second: one model, named first, that translates as
+    translate --ensemble does; /info counts both runs' parameters; asked for attention, it
+    answers null (the attention would be the first run's alone)."""
+    from nmt.serve import TranslationAPI, model_info
+
+    _, paths, sentences = runs
+    first, second = map(str, paths)
+    api = TranslationAPI({"first": first}, "torch", default_beam=2, max_batch=4,
+                         precision="32-true", ensemble=[second])
+    api.setup("cpu")
+    ensemble = Translator.from_run_dir(first, "cpu", precision="32-true", ensemble=[second])
+    job = api.decode_request({"text": sentences[:4], "attention": True})
+    answer = api._translate_group([job])[0]
+    assert answer["translations"] == expected(ensemble, sentences[:4], 2)
+    assert answer["attention"] == [None] * 4
+    info = model_info("first", first, "torch", [second])
+    assert info["ensemble"] == ["second"]
+    assert info["parameters"] == sum(p.numel() for p in ensemble.model.parameters())
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["{first}", "{second}", "--ensemble", "{second}"], "--ensemble serves one model"),
+    (["{first}", "--ensemble", "{missing}"], "checkpoint directory not found"),
+    (["{first}", "--ensemble", "{second}", "--engine", "ctranslate2"],
+     "--ensemble is for the torch engine"),
+])
+def test_serve_refuses_an_ensemble_it_cannot_serve_in_one_line(runs, capsys, tmp_path, argv, message):
+    _, paths, _ = runs
+    names = {"first": paths[0], "second": paths[1], "missing": tmp_path / "missing"}
+    assert main(["serve", "--checkpoint", *(arg.format(**names) for arg in argv)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

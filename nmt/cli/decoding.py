@@ -266,6 +266,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                                          "one training chose)")
     serve.add_argument("--precision", choices=DECODING_PRECISIONS,
                        help="decoding precision (default: each run's decoding.precision, auto)")
+    serve.add_argument("--ensemble", nargs="+", default=[], metavar="RUN",
+                       help="more run directories that decode with the one --checkpoint, served "
+                            "as one model named after it (as translate's --ensemble)")
 
 def cmd_serve(args: argparse.Namespace) -> None:
     try:
@@ -273,7 +276,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     except ImportError:
         raise NMTError('nmt serve needs LitServe: pip install -e ".[serve]"') from None
     serve(args.checkpoint, args.host, args.port, args.engine, args.beam, args.max_batch,
-          args.weights, args.precision)
+          args.weights, args.precision, args.ensemble)
 
 def add_export(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="convert a Transformer run for another inference engine")

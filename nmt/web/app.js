@@ -75,8 +75,9 @@ function card(model, answer) {
   div.dataset.model = model.name;
   div.innerHTML = `<h2></h2><div class="meta"></div><div class="translation"></div>`;
   div.querySelector("h2").textContent = model.name;
+  const ensemble = model.ensemble ? `, an ensemble with ${model.ensemble.join(", ")} (no attention drawn)` : "";
   div.querySelector(".meta").textContent =
-    `${model.family}, ${model.attention} attention, ${model.parameters.toLocaleString()} parameters, ${model.engine}`;
+    `${model.family}, ${model.attention} attention, ${model.parameters.toLocaleString()} parameters, ${model.engine}${ensemble}`;
   div.querySelector(".translation").textContent = answer.translations[0];
   if (answer.attention && answer.attention[0]) {
     const canvas = document.createElement("canvas");
