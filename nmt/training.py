@@ -25,7 +25,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from nmt.average import final_weights
 from nmt.config import Config, DecodingConfig, OptimConfig, run_dir_of, save_config
 from nmt.data.batching import Batch
-from nmt.data.module import TranslationDataModule, prepare_data
+from nmt.data.module import TranslationDataModule, prepare_data, training_pairs_note
 from nmt.data.tokenizer import PAD, Tokenizer
 from nmt.errors import NMTError
 from nmt.files import write_atomic
@@ -275,6 +275,10 @@ def train(config: Config) -> Path:
     model = build_model(config.model, len(data.tokenizer))
     if resume_from is not None:
         check_vocabulary(run_dir, data.tokenizer)  # before anything of the run is replaced
+    datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
+    if len(datamodule.train_set) == 0:
+        why = training_pairs_note(data, config.data.max_len) or "the training split is empty"
+        raise NMTError(f"no training pair is left to train on: {why}")
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / "config.yaml")
     if resume_from is None:
@@ -283,9 +287,11 @@ def train(config: Config) -> Path:
         model, data.tokenizer, config.optim, config.decoding,
         list(data.text["val"]["tgt"]), config.seed,
     )
-    datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     print_effective_batch(config, trainer)
     if trainer.is_global_zero:
+        note = training_pairs_note(data, config.data.max_len)
+        if note is not None:  # pairs left out: say so, once
+            print(note, flush=True)
         forget_final_weights(run_dir)
     fit(trainer, module, datamodule, resume_from)
     metric = config.trainer.best_metric  # what best.ckpt's callback monitored

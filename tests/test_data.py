@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmt.config import DataConfig
+from nmt.cli import main
+from nmt.config import DataConfig, load_config
 from nmt.data.batching import PairDataset, TokenBatchSampler, collate
 from nmt.data.corpus import load_corpus, read_pairs
 from nmt.data.module import prepare_data, split_dataset
@@ -24,7 +25,7 @@ from nmt.data.prepare import load_side, prepare, sample_pairs
 from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
 from nmt.errors import NMTError
 
-from .conftest import MULTI30K, write_corpus
+from .conftest import MULTI30K, tiny_train_args, write_corpus
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="data/multi30k not linked")
@@ -226,6 +227,34 @@ def test_max_len_filter(tmp_path):
     kept = split_dataset(data, "train", max_len=5)
     assert 0 < len(kept) < 300
     assert all(len(kept.src[i]) <= 5 and len(kept.tgt[i]) <= 5 for i in range(len(kept)))
+
+
+def test_training_leaves_out_pairs_with_an_empty_side_and_says_so(tmp_path, capsys):
+    """Lines 1 and 2 of the training files lose their source or target: training leaves
+    those two pairs out, with the long ones, and prints one line of what it left out; a
+    corpus of which nothing is left is a one-line error before the run directory exists."""
+    files = write_corpus(tmp_path)
+    for side, line in ((0, 1), (1, 2)):
+        path = Path(files["train"][side])
+        lines = path.read_text(encoding="utf-8").splitlines()
+        lines[line - 1] = ""
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(tiny_train_args(files, run, tmp_path / "data") + ["data.max_len=6"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    data = prepare_data(load_config(run / "config.yaml").data)  # the run's, as prepared
+    src, tgt = (load_side(data.folder, "train", lang).lengths for lang in ("de", "en"))
+    assert (src == 0).sum() == (tgt == 0).sum() == 1
+    long = int((((src > 6) | (tgt > 6)) & (src > 0) & (tgt > 0)).sum())
+    kept = split_dataset(data, "train", max_len=6)
+    assert len(kept) == 300 - 2 - long and long > 0
+    assert all(len(kept.src[i]) > 0 and len(kept.tgt[i]) > 0 for i in range(len(kept)))
+    assert (f"training on {len(kept):,} of 300 pairs: left out {long:,} longer than data.max_len "
+            f"(6 pieces) and 2 with an empty side") in out
+    assert main(tiny_train_args(files, tmp_path / "none", tmp_path / "data") + ["data.max_len=1"]) == 1
+    err = capsys.readouterr().err
+    assert "no training pair is left to train on: training on 0 of 300 pairs" in err
+    assert err.count("\n") == 1 and not (tmp_path / "none").exists()
 
 
 @pytest.mark.parametrize("content,line,reason", [

@@ -37,16 +37,38 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
 def split_dataset(
     data: PreparedData, split: str, max_len: int | None = None, truncate: int | None = None
 ) -> PairDataset:
-    """Pairs of one split; with ``max_len``, pairs longer than it on either side are dropped;
-    with ``truncate``, both sides are cut to that many pieces."""
+    """Pairs of one split; with ``max_len``, the pairs training leaves out are dropped
+    (``left_out``); with ``truncate``, both sides are cut to that many pieces."""
     src = load_side(data.folder, split, data.src_lang)
     tgt = load_side(data.folder, split, data.tgt_lang)
     if max_len is not None:
-        keep = np.flatnonzero((src.lengths <= max_len) & (tgt.lengths <= max_len))
+        empty, too_long = left_out(src.lengths, tgt.lengths, max_len)
+        keep = np.flatnonzero(~(empty | too_long))
         src, tgt = src.take(keep), tgt.take(keep)
     if truncate is not None:
         src, tgt = src.truncated(truncate), tgt.truncated(truncate)
     return PairDataset(src, tgt)
+
+
+def left_out(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_len: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """The training pairs left out, as two masks over the pairs: an empty side (a pair that
+    teaches only to stop at once, or to translate nothing into something), and, of the rest,
+    more than ``max_len`` pieces on either side."""
+    empty = (src_lengths == 0) | (tgt_lengths == 0)
+    too_long = ~empty & ((src_lengths > max_len) | (tgt_lengths > max_len))
+    return empty, too_long
+
+
+def training_pairs_note(data: PreparedData, max_len: int) -> str | None:
+    """One line on the training pairs left out (``left_out``), or None where none are."""
+    src = load_side(data.folder, "train", data.src_lang).lengths
+    empty, too_long = left_out(src, load_side(data.folder, "train", data.tgt_lang).lengths, max_len)
+    if not (empty.any() or too_long.any()):
+        return None
+    kept = len(src) - int(empty.sum()) - int(too_long.sum())
+    return (f"training on {kept:,} of {len(src):,} pairs: left out {int(too_long.sum()):,} longer "
+            f"than data.max_len ({max_len} pieces) and {int(empty.sum()):,} with an empty side")
 
 
 def decoding_loader(dataset: PairDataset, max_tokens: int, rank: int = 0, world: int = 1):
