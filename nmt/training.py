@@ -34,7 +34,13 @@ from nmt.memory import peak_memory_mb
 from nmt.metrics import bleu_from_statistics, bleu_statistics
 from nmt.models import build_model, check_model_config, model_option
 from nmt.provenance import code_commit, device_name
-from nmt.resume import check_resumable, check_vocabulary, forget_final_weights
+from nmt.resume import (
+    check_resumable,
+    check_training_data,
+    check_vocabulary,
+    forget_final_weights,
+    record_training_data,
+)
 from nmt.schedules import SCHEDULERS, SCHEDULES, steps_per_epoch
 from nmt.search import greedy_search
 from nmt.trainer import BEST_METRICS, build_trainer, max_time
@@ -273,8 +279,9 @@ def train(config: Config) -> Path:
         raise NMTError("the validation split is empty: training validates and keeps checkpoints by it")
     L.seed_everything(config.seed, workers=True, verbose=False)  # the weights: the seed's alone
     model = build_model(config.model, len(data.tokenizer))
-    if resume_from is not None:
-        check_vocabulary(run_dir, data.tokenizer)  # before anything of the run is replaced
+    if resume_from is not None:  # before anything of the run is replaced
+        check_vocabulary(run_dir, data.tokenizer)
+        check_training_data(run_dir, data)
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     if len(datamodule.train_set) == 0:
         why = training_pairs_note(data, config.data.max_len) or "the training split is empty"
@@ -283,6 +290,7 @@ def train(config: Config) -> Path:
     save_config(config, run_dir / "config.yaml")
     if resume_from is None:
         shutil.copyfile(data.tokenizer.model_file, run_dir / "spm.model")
+        record_training_data(run_dir, data)
     module = TranslationModule(
         model, data.tokenizer, config.optim, config.decoding,
         list(data.text["val"]["tgt"]), config.seed,

@@ -284,3 +284,33 @@ def test_a_resumed_run_keeps_only_its_last_checkpoints(corpus, tmp_path):
     assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["step2.ckpt", "step3.ckpt"]
     assert main(args(corpus, tmp_path, *keep)) == 0
     assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["step7.ckpt", "step8.ckpt"]
+
+
+def test_resume_after_the_training_pairs_changed_is_an_error(tmp_path, capsys):
+    """Two training pairs swapped: the same pieces, other batches from the same positions. A
+    resume is refused in one line; the pairs swapped back, it resumes; a run from before the
+    record was kept resumes unchecked."""
+    files = write_corpus(tmp_path)
+    run = tmp_path / "run"
+    assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=1"]) == 0
+    assert json.loads((run / "train_data.json").read_text())["pairs"] == 300
+    originals = {path: Path(path).read_text(encoding="utf-8") for path in files["train"]}
+    for path, text in originals.items():
+        lines = text.splitlines()
+        lines[0], lines[1] = lines[1], lines[0]
+        Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=2"]) == 1
+    err = capsys.readouterr().err
+    assert "was trained on other training pairs than the corpus gives now (300 pairs then, " \
+           "300 now" in err.splitlines()[-1] and "Traceback" not in err  # after preparing
+    assert checkpoint(run)["global_step"] == 1
+    (run / "train_data.json").unlink()  # as a run from before the record was kept
+    assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=2"]) == 0
+    assert not (run / "train_data.json").exists()
+    for path, text in originals.items():
+        Path(path).write_text(text, encoding="utf-8")
+    run2 = tmp_path / "run2"
+    assert main(tiny_train_args(files, run2, tmp_path / "data") + ["trainer.max_steps=1"]) == 0
+    os.utime(files["train"][0], (1e9, 1e9))  # prepared anew, into the same pairs
+    assert main(tiny_train_args(files, run2, tmp_path / "data") + ["trainer.max_steps=2"]) == 0
