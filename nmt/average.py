@@ -146,4 +146,5 @@ def keep_last_callback(run_dir: str | Path, n: int) -> ModelCheckpoint:
     RUN/steps/step<global step>.ckpt (ranked by step: the oldest is deleted first)."""
     return ModelCheckpoint(dirpath=Path(run_dir) / STEPS_DIR, filename="step{step}",
                            monitor="step", mode="max", save_top_k=n,
-                           auto_insert_metric_name=False, enable_version_counter=False)
+                           auto_insert_metric_name=False, enable_version_counter=False,
+                           save_on_train_epoch_end=False)  # at validations, as last.ckpt

@@ -275,15 +275,22 @@ def test_a_folder_holding_other_files_is_not_trained_into(corpus, tmp_path, caps
     assert err.count("\n") == 1 and (tmp_path / "config.yaml").read_text() == "exported: true\n"
 
 
-def test_a_resumed_run_keeps_only_its_last_checkpoints(corpus, tmp_path):
-    """Validating every step and keeping 2: a run stopped by its budget at step 3 and resumed
-    to the end of epoch 2 keeps step 7 and step 8 alone, as an uninterrupted run does (the
-    record of kept files in last.ckpt must name step 3's, written at the same validation)."""
-    keep = ["trainer.val_check_interval=1", "trainer.keep_last_checkpoints=2"]
-    assert main(args(corpus, tmp_path, "trainer.max_steps=3", *keep)) == 0
-    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["step2.ckpt", "step3.ckpt"]
+@pytest.mark.parametrize("cadence,budget,first,last", [
+    # every step: stopped at step 3, resumed to step 8
+    (["trainer.val_check_interval=1"], 3, ["step2.ckpt", "step3.ckpt"], ["step7.ckpt", "step8.ckpt"]),
+    # each epoch's end (4 steps) and the budget's: stopped at step 6, resumed to step 12
+    (["--max-epochs", "3"], 6, ["step4.ckpt", "step6.ckpt"], ["step12.ckpt", "step8.ckpt"]),
+])
+def test_a_resumed_run_keeps_only_its_last_checkpoints(corpus, tmp_path, cadence, budget, first,
+                                                       last):
+    """Keeping 2: a run stopped by its budget inside an epoch and resumed keeps the last two
+    alone, as an uninterrupted run does (the record of kept files in last.ckpt must name the
+    one written at the same validation)."""
+    keep = [*cadence, "trainer.keep_last_checkpoints=2"]
+    assert main(args(corpus, tmp_path, f"trainer.max_steps={budget}", *keep)) == 0
+    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == first
     assert main(args(corpus, tmp_path, *keep)) == 0
-    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["step7.ckpt", "step8.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == last
 
 
 def test_resume_after_the_training_pairs_changed_is_an_error(tmp_path, capsys):
