@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.callbacks import EarlyStopping, WeightAveraging
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 from nmt.schedules import budget_horizon, steps_per_epoch
 
@@ -46,6 +47,24 @@ class StopAtStepBudget(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         if 0 < trainer.max_steps <= trainer.global_step:
             trainer.should_stop = True
+
+
+class PatientEarlyStopping(EarlyStopping):
+    """Lightning's early stopping with the patience given now: a checkpoint restores the
+    validations waited, not the patience, which a resumed run may change (raised, to train
+    on after an early stop). Under the new patience a run not yet out of it is not stopped."""
+
+    @property
+    def state_key(self) -> str:
+        """Lightning's own early stopping's, under which earlier runs' checkpoints hold it."""
+        return super().state_key.replace(type(self).__qualname__, "EarlyStopping", 1)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        patience = self.patience
+        super().load_state_dict(state_dict)
+        self.patience = patience
+        if self.wait_count < patience:
+            self.stopping_reason, self.stopping_reason_message = EarlyStoppingReason.NOT_STOPPED, None
 
 
 class DropoutForBudget(L.Callback):

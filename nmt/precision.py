@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.utilities import GradClipAlgorithmType
+from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_only
 
 from nmt.config import DECODING_PRECISIONS
 from nmt.data.tokenizer import BOS, UNK
@@ -282,7 +282,7 @@ def training_precision(config) -> PrecisionChoice:
     shapes = probe_shapes(config.model, config.data.vocab_size)
     choice = resolve_precision(config.trainer.precision, lambda: choose_cpu_precision(shapes),
                                config.trainer.accelerator)
-    if choice not in _announced:
+    if choice not in _announced and rank_zero_only.rank == 0:  # once, not by every DDP process
         _announced.add(choice)
         print(f"precision: {choice.precision} ({choice.reason})", flush=True)
     return choice

@@ -74,6 +74,20 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     return last
 
 
+def stopped_early_at(last: Path, patience: int) -> int | None:
+    """The update at which the run of ``last`` was stopped by early stopping, if its
+    validation metric has not improved for ``patience`` validations (the patience given now:
+    raising it trains on); None otherwise. Re-running the command of a finished run then
+    does nothing, as for a finished budget, instead of one more update and validation."""
+    if patience <= 0:
+        return None
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False,
+                            mmap=zipfile.is_zipfile(last))
+    waits = [state.get("wait_count", 0) for key, state in checkpoint.get("callbacks", {}).items()
+             if key.startswith("EarlyStopping") and isinstance(state, dict)]
+    return checkpoint["global_step"] if waits and max(waits) >= patience else None
+
+
 # What Lightning reads from a checkpoint to resume: the weights, the optimizer and schedule,
 # and where the loops stood.
 RESUME_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "loops")

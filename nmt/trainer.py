@@ -14,12 +14,12 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from nmt.average import keep_last_callback
-from nmt.callbacks import DropoutForBudget, StopAtStepBudget, WeightEMA
+from nmt.callbacks import DropoutForBudget, PatientEarlyStopping, StopAtStepBudget, WeightEMA
 from nmt.config import Config
 from nmt.errors import NMTError
 from nmt.files import atomic_path
@@ -72,6 +72,9 @@ def quiet_lightning_noise() -> None:
       (``nmt.resume.check_resumable`` refuses to train a new run over checkpoints it cannot resume);
     - "Precision bf16-mixed is not supported by the model summary": the size it estimates is
       the fp32 weights', which is what they are under mixed precision;
+    - under DDP, its advice to log our epoch metrics with ``sync_dist=True``: the validation
+      scores are summed over the processes before they are logged, the tokens/s counts every
+      process's tokens, and the wall-clock minutes are the same on each;
     - the FutureWarning torch 2.13 raises at Lightning 2.6's own use of ``LeafSpec``;
     - its tip to install a cloud logger.
 
@@ -79,7 +82,9 @@ def quiet_lightning_noise() -> None:
     (adding the same filter twice keeps one)."""
     for message in (".*Consider increasing the value of the `num_workers` argument",
                     "Checkpoint directory .* exists and is not empty",
-                    r"Precision \S+-mixed is not supported by the model summary"):
+                    r"Precision \S+-mixed is not supported by the model summary",
+                    r"It is recommended to use `self\.log\('(val_loss|val_bleu|wall_minutes|"
+                    r"train_tgt_tok_per_s)'.*sync_dist=True"):
         warnings.filterwarnings("ignore", message)
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)
@@ -112,9 +117,9 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
         StopAtStepBudget(),
     ]
     if t.early_stopping_patience > 0:
-        callbacks.append(EarlyStopping(monitor=metric, mode=BEST_METRICS[metric],
-                                       patience=t.early_stopping_patience,
-                                       check_on_train_epoch_end=False))
+        callbacks.append(PatientEarlyStopping(monitor=metric, mode=BEST_METRICS[metric],
+                                              patience=t.early_stopping_patience,
+                                              check_on_train_epoch_end=False))
     if config.optim.ema_decay > 0:
         callbacks.append(WeightEMA(config.optim.ema_decay))
     if config.optim.long_run_dropout is not None:
@@ -129,7 +134,7 @@ def lightnings_option_errors() -> Iterator[None]:
     one-line ``NMTError``s."""
     try:
         yield
-    except (ValueError, ImportError, MisconfigurationException) as err:
+    except (ValueError, TypeError, ImportError, MisconfigurationException) as err:
         raise NMTError(f"trainer option rejected by Lightning: {str(err).splitlines()[0]}") from None
 
 

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from nmt.average import final_weights
 from nmt.config import Config, DecodingConfig, OptimConfig, run_dir_of, save_config
-from nmt.data.batching import Batch
+from nmt.data.batching import Batch, TokenBatchSampler
 from nmt.data.module import TranslationDataModule, prepare_data, training_pairs_note
 from nmt.data.tokenizer import PAD, Tokenizer
 from nmt.errors import NMTError
@@ -40,6 +41,7 @@ from nmt.resume import (
     check_vocabulary,
     forget_final_weights,
     record_training_data,
+    stopped_early_at,
 )
 from nmt.schedules import SCHEDULERS, SCHEDULES, steps_per_epoch
 from nmt.search import greedy_search
@@ -254,6 +256,10 @@ def check_trainer_config(config: Config) -> None:
             interval >= 1 if isinstance(interval, int) else 0 < interval <= 1):
         raise NMTError(f"trainer.val_check_interval {interval}: give a number of batches (1 or "
                        "more), a fraction of an epoch in (0, 1], or a time DD:HH:MM:SS")
+    if any(word in str(t.strategy) for word in ("spawn", "fork", "notebook")):
+        raise NMTError(f"trainer.strategy {t.strategy} trains in processes that hand nothing back "
+                       "to the one that finishes the run (its last validation, train_stats.json): "
+                       "use ddp, which runs the same command in one process per device")
     if t.max_epochs == 0 or t.max_steps == 0:
         raise NMTError("trainer.max_epochs and trainer.max_steps of 0 train nothing: give a budget "
                        "(-1: no limit)")
@@ -273,6 +279,12 @@ def train(config: Config) -> Path:
     check_training_config(config)  # fail on bad options now, not after data preparation
     run_dir = run_dir_of(config)
     resume_from = check_resumable(config, run_dir)
+    patience = config.trainer.early_stopping_patience
+    if resume_from is not None and (step := stopped_early_at(resume_from, patience)) is not None:
+        print(f"nothing to train: the run stopped early at update {step:,}, its "
+              f"{config.trainer.best_metric} not improved for {patience} validations (raise "
+              "trainer.early_stopping_patience, or set 0, to train on)", flush=True)
+        return run_dir
     trainer = build_trainer(config, run_dir)  # Lightning checks its own options here
     data = prepare_data(config.data)
     if len(data.text["val"]) == 0:  # else it fails at the first validation, after training
@@ -283,9 +295,7 @@ def train(config: Config) -> Path:
         check_vocabulary(run_dir, data.tokenizer)
         check_training_data(run_dir, data)
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
-    if len(datamodule.train_set) == 0:
-        why = training_pairs_note(data, config.data.max_len) or "the training split is empty"
-        raise NMTError(f"no training pair is left to train on: {why}")
+    check_batches_per_process(datamodule, config, trainer.world_size)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / "config.yaml")
     if resume_from is None:
@@ -308,9 +318,30 @@ def train(config: Config) -> Path:
     if trainer.is_global_zero:
         weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
         stats = write_train_stats(run_dir, totals, module, trainer, metric, best, weights)
-        print_run_summary(stats, trainer.callback_metrics)
+        print_run_summary(stats, trainer.callback_metrics, trainer.early_stopping_callback)
         print(f"translate and evaluate use {weights}: {why}", flush=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # Lightning leaves the group to the process's exit, where a DDP worker tearing it down
+        # aborted about every other run ("terminate called without an active exception").
+        torch.distributed.destroy_process_group()
     return run_dir
+
+
+def check_batches_per_process(datamodule: TranslationDataModule, config: Config,
+                              processes: int) -> None:
+    """One-line errors, before the run directory is made, where a process would have no
+    training batch: no pair left (``training_pairs_note``), or fewer batches than processes
+    (each trains on its own share of the batches, of which a whole number each is kept)."""
+    if len(datamodule.train_set) == 0:
+        why = training_pairs_note(datamodule.data, config.data.max_len) or "the training split is empty"
+        raise NMTError(f"no training pair is left to train on: {why}")
+    batches = len(TokenBatchSampler(datamodule.train_set.lengths(), config.data.max_tokens,
+                                    shuffle=False))
+    if batches < processes:
+        raise NMTError(f"the training pairs make {batches} batch(es) of data.max_tokens "
+                       f"{config.data.max_tokens}, fewer than the {processes} processes, each of "
+                       "which trains on batches of its own: lower data.max_tokens, or train on "
+                       "fewer devices")
 
 
 def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDataModule,
@@ -390,9 +421,13 @@ def write_train_stats(run_dir: Path, totals: dict, module: TranslationModule, tr
     return stats
 
 
-def print_run_summary(stats: dict, metrics: dict[str, torch.Tensor]) -> None:
+def print_run_summary(stats: dict, metrics: dict[str, torch.Tensor],
+                      early_stopping: EarlyStopping | None) -> None:
     """One line at the end of training: its updates, epochs and speed (all segments) and the
-    last validation's scores (Lightning's latest logged metrics)."""
+    last validation's scores (Lightning's latest logged metrics); and one where early stopping
+    ended it, with Lightning's reason."""
+    if early_stopping is not None and early_stopping.stopping_reason_message:
+        print(f"early stopping ended the run: {early_stopping.stopping_reason_message}", flush=True)
     scores = ", ".join(f"{name} {float(value):.2f}" for name, value in sorted(metrics.items())
                        if name.startswith("val_"))
     epochs = f" ({stats['epochs']:g} epochs)" if stats["epochs"] is not None else ""

@@ -445,6 +445,9 @@ def test_ddp_on_two_cpu_processes(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert (run_dir / "best.ckpt").is_file()
     assert "distributed_backend=gloo" in done.stderr  # two processes really joined
+    # Said once, not by each process; no false alarm, and no worker aborting at its exit.
+    assert done.stdout.count("run directory: ") == done.stdout.count("precision: ") == 1
+    assert "sync_dist" not in done.stderr and "terminate called" not in done.stderr
     [(_, ddp_bleu)] = _validations(run_dir)
     single = subprocess.run([sys.executable, "-m", "nmt", "evaluate", "--checkpoint", str(run_dir),
                              "--split", "val", "--beam", "1"], capture_output=True, text=True,

@@ -20,7 +20,7 @@ from nmt.cli import main
 from nmt.config import DataConfig, load_config
 from nmt.data.batching import PairDataset, TokenBatchSampler, collate
 from nmt.data.corpus import load_corpus, read_pairs
-from nmt.data.module import prepare_data, split_dataset
+from nmt.data.module import TranslationDataModule, prepare_data, split_dataset
 from nmt.data.prepare import load_side, prepare, sample_pairs
 from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
 from nmt.errors import NMTError
@@ -506,3 +506,20 @@ def test_under_ddp_only_local_rank_0_prepares(tmp_path, monkeypatch):
     monkeypatch.setattr(prepare_module, "WAIT_SECONDS", 0)
     with pytest.raises(NMTError, match="gave up waiting for local rank 0"):
         prepare(DataConfig(**{**options, "vocab_size": 110}))
+
+
+def test_fewer_training_batches_than_processes_is_a_one_line_error(tmp_path):
+    """Under DDP each process trains on a whole number of batches of its own: 30 short pairs
+    in one batch of 2,000 tokens leave a second process none (it ended in a ZeroDivisionError
+    after fit, with the checkpoints of an untrained model written)."""
+    from nmt.training import check_batches_per_process
+
+    files = write_corpus(tmp_path, sizes=(("train", 30), ("val", 5)))
+    config = load_config("configs/transformer.yaml", [
+        f"data.train_files=[{','.join(files['train'])}]", f"data.val_files=[{','.join(files['val'])}]",
+        f"data.data_dir={tmp_path / 'data'}", "data.vocab_size=60", "data.max_tokens=2000"])
+    module = TranslationDataModule(prepare_data(config.data), config.data, 0, 512)
+    check_batches_per_process(module, config, 1)
+    with pytest.raises(NMTError, match="the training pairs make 1 batch.es. of data.max_tokens 2000, "
+                                       "fewer than the 2 processes"):
+        check_batches_per_process(module, config, 2)

@@ -164,6 +164,10 @@ def test_early_stopping_waits_its_patience_and_0_trains_to_the_budget(tmp_path, 
     ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches must be at least 1"),
     ("trainer.strategy=bogus", "trainer option rejected by Lightning: You selected an invalid strategy"),
     ("trainer.devices=0", "trainer option rejected by Lightning: `Trainer(devices=0)`"),
+    ("trainer.devices=-2", "trainer option rejected by Lightning: "),
+    ("trainer.devices=abc", "trainer option rejected by Lightning: "),
+    ("trainer.strategy=ddp_spawn", "trainer.strategy ddp_spawn trains in processes that hand nothing"),
+    ("trainer.strategy=ddp_fork", "trainer.strategy ddp_fork trains in processes that hand nothing"),
     ("data.max_len=600", "data.max_len 600 must be below the model's max_positions 512"),
     ("model.d_model=0", "model.d_model must be at least 1, got 0"),
     ("model.heads=3", "model.heads 3 must divide model.d_model 32"),
@@ -219,3 +223,25 @@ def test_an_empty_validation_split_is_refused_before_training(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "the validation split is empty" in err and "Traceback" not in err
     assert not (tmp_path / "run" / "last.ckpt").exists()
+
+
+def test_an_early_stopped_run_stays_stopped_until_its_patience_is_raised(tmp_path, capsys):
+    """The validation BLEU never changes (lr 1e-12): patience 1 stops after epoch 2 and says
+    why; the same command again trains nothing; patience 3 given on resume trains two more
+    validations (Lightning's checkpoint would restore patience 1 and stop after one)."""
+    files = write_corpus(tmp_path)
+    run = tmp_path / "run"
+    args = [*tiny_train_args(files, run, tmp_path / "data", epochs=6), "optim.lr=1e-12",
+            "trainer.best_metric=val_bleu"]
+
+    def epochs() -> float:
+        return json.loads((run / "train_stats.json").read_text())["epochs"]
+
+    assert main(args + ["trainer.early_stopping_patience=1"]) == 0
+    assert epochs() == 2 and "early stopping ended the run: " in capsys.readouterr().out
+    assert main(args + ["trainer.early_stopping_patience=1"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to train: the run stopped early at update 8, its val_bleu not improved for " \
+           "1 validations" in out and epochs() == 2
+    assert main(args + ["trainer.early_stopping_patience=3"]) == 0
+    assert epochs() == 4 and "early stopping ended the run: " in capsys.readouterr().out

@@ -21,12 +21,15 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     add_train_flags(train, tuple(TRAIN_FLAGS))
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
+    from lightning.pytorch.utilities import rank_zero_only
+
     from nmt.config import load_config
     from nmt.training import train
 
     config = load_config(args.config, overrides)
     run_dir = train(config)
-    print(f"run directory: {run_dir}")
+    if rank_zero_only.rank == 0:  # once, not by every DDP process
+        print(f"run directory: {run_dir}")
 
 def add_prepare(sub: argparse._SubParsersAction) -> None:
     prepare = sub.add_parser("prepare", help="check, tokenize and cache a corpus (train does it "
