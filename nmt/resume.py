@@ -73,18 +73,19 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     return last
 
 
-def stopped_early_at(last: Path, patience: int) -> int | None:
-    """The update at which the run of ``last`` was stopped by early stopping, if its
-    validation metric has not improved for ``patience`` validations (the patience given now:
-    raising it trains on); None otherwise. Re-running the command of a finished run then
-    does nothing, as for a finished budget, instead of one more update and validation."""
+def out_of_patience(last: Path, patience: int) -> tuple[int, int] | None:
+    """(update, validations waited) where the run of ``last`` has waited at least ``patience``
+    validations (the patience given now: raising it trains on) without its metric improving:
+    early stopping ended it, or, with a patience lowered since, would end it at the next
+    validation. None otherwise. Re-running the command of such a run then trains nothing, as
+    for a finished budget, instead of one more update and validation."""
     if patience <= 0:
         return None
     checkpoint = torch.load(last, map_location="cpu", weights_only=False,
                             mmap=zipfile.is_zipfile(last))
     waits = [state.get("wait_count", 0) for key, state in checkpoint.get("callbacks", {}).items()
              if key.startswith("EarlyStopping") and isinstance(state, dict)]
-    return checkpoint["global_step"] if waits and max(waits) >= patience else None
+    return (checkpoint["global_step"], max(waits)) if waits and max(waits) >= patience else None
 
 
 # What Lightning reads from a checkpoint to resume: the weights, the optimizer and schedule,

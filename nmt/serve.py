@@ -9,7 +9,7 @@ search per length bucket.
     POST /translate  {"text": ["...", ...], "beam": 5, "attention": false, "model": NAME}
         -> {"model": NAME, "translations": ["...", ...],
             "attention": [{"source": [...], "target": [...], "weights": [[...]]}, ...],  # if asked
-                                                               # (null for an ensemble's)
+                                                               # (each null for an ensemble)
             "warnings": ["text 2 has 900 pieces; truncated to 511"]}                       # if any
     GET /health      "ok" once the worker is ready (LitServe's)
     GET /info        {"model": {"models": [{name, family, attention, src_lang, tgt_lang,

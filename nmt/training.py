@@ -21,6 +21,8 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from nmt.average import final_weights
@@ -40,8 +42,8 @@ from nmt.resume import (
     check_training_data,
     check_vocabulary,
     forget_final_weights,
+    out_of_patience,
     record_training_data,
-    stopped_early_at,
 )
 from nmt.schedules import SCHEDULERS, SCHEDULES, steps_per_epoch
 from nmt.search import greedy_search
@@ -122,7 +124,9 @@ class TranslationModule(L.LightningModule):
         """The running epoch's target tokens, summed over the processes: under DDP each trains
         on its own share of the batches. A collective, so every process calls it; the seconds
         stay each process's own, as the processes wait for each other at every step."""
-        tokens = torch.tensor(int(self._epoch_tokens), device=self.device)
+        # on the strategy's device: after fit Lightning has moved the module to the CPU, and
+        # NCCL reduces only CUDA tensors
+        tokens = torch.tensor(int(self._epoch_tokens), device=self.trainer.strategy.root_device)
         return int(self.trainer.strategy.reduce(tokens, reduce_op="sum"))
 
     def run_totals(self) -> dict:
@@ -256,10 +260,6 @@ def check_trainer_config(config: Config) -> None:
             interval >= 1 if isinstance(interval, int) else 0 < interval <= 1):
         raise NMTError(f"trainer.val_check_interval {interval}: give a number of batches (1 or "
                        "more), a fraction of an epoch in (0, 1], or a time DD:HH:MM:SS")
-    if any(word in str(t.strategy) for word in ("spawn", "fork", "notebook")):
-        raise NMTError(f"trainer.strategy {t.strategy} trains in processes that hand nothing back "
-                       "to the one that finishes the run (its last validation, train_stats.json): "
-                       "use ddp, which runs the same command in one process per device")
     if t.max_epochs == 0 or t.max_steps == 0:
         raise NMTError("trainer.max_epochs and trainer.max_steps of 0 train nothing: give a budget "
                        "(-1: no limit)")
@@ -280,12 +280,15 @@ def train(config: Config) -> Path:
     run_dir = run_dir_of(config)
     resume_from = check_resumable(config, run_dir)
     patience = config.trainer.early_stopping_patience
-    if resume_from is not None and (step := stopped_early_at(resume_from, patience)) is not None:
-        print(f"nothing to train: the run stopped early at update {step:,}, its "
-              f"{config.trainer.best_metric} not improved for {patience} validations (raise "
-              "trainer.early_stopping_patience, or set 0, to train on)", flush=True)
+    if resume_from is not None and (waited := out_of_patience(resume_from, patience)) is not None:
+        if rank_zero_only.rank == 0:
+            print(f"nothing to train: at update {waited[0]:,} the run's {config.trainer.best_metric} "
+                  f"has not improved for {waited[1]} validations, at least "
+                  f"trainer.early_stopping_patience {patience} (raise it, or set 0, to train on)",
+                  flush=True)
         return run_dir
     trainer = build_trainer(config, run_dir)  # Lightning checks its own options here
+    check_launcher(trainer, config.trainer.strategy)
     data = prepare_data(config.data)
     if len(data.text["val"]) == 0:  # else it fails at the first validation, after training
         raise NMTError("the validation split is empty: training validates and keeps checkpoints by it")
@@ -311,20 +314,33 @@ def train(config: Config) -> Path:
         if note is not None:  # pairs left out: say so, once
             print(note, flush=True)
         forget_final_weights(run_dir)
-    fit(trainer, module, datamodule, resume_from)
-    metric = config.trainer.best_metric  # what best.ckpt's callback monitored
-    best = finish_last_epoch(trainer, module, datamodule, run_dir, metric)
-    totals = module.run_totals()  # on every process: it sums their tokens
-    if trainer.is_global_zero:
-        weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
-        stats = write_train_stats(run_dir, totals, module, trainer, metric, best, weights)
-        print_run_summary(stats, trainer.callback_metrics, trainer.early_stopping_callback)
-        print(f"translate and evaluate use {weights}: {why}", flush=True)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        # Lightning leaves the group to the process's exit, where a DDP worker tearing it down
-        # aborted about every other run ("terminate called without an active exception").
-        torch.distributed.destroy_process_group()
+    try:
+        fit(trainer, module, datamodule, resume_from)
+        metric = config.trainer.best_metric  # what best.ckpt's callback monitored
+        best = finish_last_epoch(trainer, module, datamodule, run_dir, metric)
+        totals = module.run_totals()  # on every process: it sums their tokens
+        if trainer.is_global_zero:
+            weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
+            stats = write_train_stats(run_dir, totals, module, trainer, metric, best, weights)
+            print_run_summary(stats, trainer.callback_metrics, trainer.early_stopping_callback)
+            print(f"translate and evaluate use {weights}: {why}", flush=True)
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # Lightning leaves the group to the process's exit, where a DDP worker tearing it
+            # down aborted about every other run ("terminate called without an active exception").
+            torch.distributed.destroy_process_group()
     return run_dir
+
+
+def check_launcher(trainer: L.Trainer, strategy: str) -> None:
+    """Only strategies that run this same command in every process: those that start
+    processes for fit alone (ddp_spawn, ddp_fork, and ``auto`` on several GPUs in a notebook)
+    hand nothing back to the process that finishes the run (its last validation,
+    train_stats.json)."""
+    if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
+        raise NMTError(f"trainer.strategy {strategy} trains in processes that "
+                       "hand nothing back to the one that finishes the run: use ddp, which runs "
+                       "the same command in one process per device")
 
 
 def check_batches_per_process(datamodule: TranslationDataModule, config: Config,

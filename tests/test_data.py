@@ -508,10 +508,11 @@ def test_under_ddp_only_local_rank_0_prepares(tmp_path, monkeypatch):
         prepare(DataConfig(**{**options, "vocab_size": 110}))
 
 
-def test_fewer_training_batches_than_processes_is_a_one_line_error(tmp_path):
+def test_fewer_training_batches_than_processes_are_refused(tmp_path):
     """Under DDP each process trains on a whole number of batches of its own: 30 short pairs
     in one batch of 2,000 tokens leave a second process none (it ended in a ZeroDivisionError
-    after fit, with the checkpoints of an untrained model written)."""
+    after fit, with the checkpoints of an untrained model written). ``train`` makes this
+    check before the run directory is made; here it is called as for two processes."""
     from nmt.training import check_batches_per_process
 
     files = write_corpus(tmp_path, sizes=(("train", 30), ("val", 5)))
