@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
+from nmt.callbacks import RunCheckpoint
 from nmt.config import existing_run_dir
 from nmt.errors import NMTError, first_line
 from nmt.files import atomic_path
@@ -141,10 +141,28 @@ def check_average_target(run_dir: Path, out: Path, paths: list[Path]) -> None:
                        "write this one with --out to another file")
 
 
-def keep_last_callback(run_dir: str | Path, n: int) -> ModelCheckpoint:
-    """A checkpoint callback that keeps the newest ``n`` validation checkpoints as
-    RUN/steps/step<global step>.ckpt (ranked by step: the oldest is deleted first)."""
-    return ModelCheckpoint(dirpath=Path(run_dir) / STEPS_DIR, filename="step{step}",
-                           monitor="step", mode="max", save_top_k=n,
-                           auto_insert_metric_name=False, enable_version_counter=False,
-                           save_on_train_epoch_end=False)  # at validations, as last.ckpt
+class KeepLastCheckpoints(RunCheckpoint):
+    """Keeps the newest ``n`` validation checkpoints as RUN/steps/step<global step>.ckpt (ranked
+    by step: the oldest is deleted first), saved at validations as last.ckpt is.
+
+    A resumed run takes its record of kept files from the folder, not from the checkpoint:
+    the record in a last.ckpt written before 916e532 missed the file of the same validation,
+    and a file missing from it was never deleted. Files past the newest ``n`` are deleted then.
+    """
+
+    def __init__(self, run_dir: str | Path, n: int):
+        super().__init__(dirpath=Path(run_dir) / STEPS_DIR, filename="step{step}",
+                         monitor="step", mode="max", save_top_k=n,
+                         auto_insert_metric_name=False, enable_version_counter=False,
+                         save_on_train_epoch_end=False)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        files = step_checkpoints(Path(self.dirpath).parent)
+        kept = files[-self.save_top_k:]
+        for path in files[: len(files) - len(kept)]:
+            trainer.strategy.remove_checkpoint(path)  # on rank 0
+        self.best_k_models = {str(path): torch.tensor(step_of(path)) for path in kept}
+        if kept:
+            self.best_model_path, self.best_model_score = str(kept[-1]), self.best_k_models[str(kept[-1])]
+        if len(kept) == self.save_top_k:
+            self.kth_best_model_path, self.kth_value = str(kept[0]), self.best_k_models[str(kept[0])]

@@ -3,9 +3,11 @@ and dropout chosen by the epochs the budget buys."""
 
 from __future__ import annotations
 
+import os
+
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, WeightAveraging
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, WeightAveraging
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 from nmt.schedules import budget_horizon, steps_per_epoch
@@ -47,6 +49,35 @@ class StopAtStepBudget(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         if 0 < trainer.max_steps <= trainer.global_step:
             trainer.should_stop = True
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint for a run's own folder, whose record survives the run being
+    moved: Lightning drops the record of kept files and best score where the folder's path
+    changed, so a moved run, resumed, replaced best.ckpt at its first validation whatever the
+    score. Here the record's paths are moved with the folder. Checkpoints hold it under
+    Lightning's own key, as before."""
+
+    @property
+    def state_key(self) -> str:
+        return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        before = state_dict.get("dirpath")
+        if before and self.dirpath and before != self.dirpath:
+            state_dict = moved_paths(state_dict, before, self.dirpath)
+        super().load_state_dict(state_dict)
+
+
+def moved_paths(value, before: str, now: str):
+    """``value`` (a string, or dicts of them, keys too) with each path under folder ``before``
+    under folder ``now`` instead."""
+    if isinstance(value, dict):
+        return {moved_paths(key, before, now): moved_paths(item, before, now)
+                for key, item in value.items()}
+    if isinstance(value, str) and (value == before or value.startswith(before + os.sep)):
+        return now + value[len(before):]
+    return value
 
 
 class PatientEarlyStopping(EarlyStopping):

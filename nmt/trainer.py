@@ -14,12 +14,17 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from nmt.average import keep_last_callback
-from nmt.callbacks import DropoutForBudget, PatientEarlyStopping, StopAtStepBudget, WeightEMA
+from nmt.average import KeepLastCheckpoints
+from nmt.callbacks import (
+    DropoutForBudget,
+    PatientEarlyStopping,
+    RunCheckpoint,
+    StopAtStepBudget,
+    WeightEMA,
+)
 from nmt.config import Config
 from nmt.errors import NMTError
 from nmt.files import atomic_path
@@ -103,16 +108,16 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
     # the last N kept go before last.ckpt, which a resumed run starts from, so that its record
     # names the newest. best.ckpt's goes first: it is the one ``trainer.checkpoint_callback`` returns.
     callbacks: list[L.Callback] = [
-        ModelCheckpoint(
+        RunCheckpoint(
             dirpath=run_dir, filename="best", monitor=metric, mode=BEST_METRICS[metric],
             save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=False,
         ),
     ]
     if t.keep_last_checkpoints > 0:
-        callbacks.append(keep_last_callback(run_dir, t.keep_last_checkpoints))
+        callbacks.append(KeepLastCheckpoints(run_dir, t.keep_last_checkpoints))
     callbacks += [
         # Lightning's save_last only writes when "best" does; this one writes every validation.
-        ModelCheckpoint(dirpath=run_dir, filename="last", enable_version_counter=False,
+        RunCheckpoint(dirpath=run_dir, filename="last", enable_version_counter=False,
                         save_on_train_epoch_end=False),
         StopAtStepBudget(),
     ]

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,35 @@ def test_resume_after_the_training_pairs_changed_is_an_error(tmp_path, capsys):
     assert main(tiny_train_args(files, run2, tmp_path / "data") + ["trainer.max_steps=1"]) == 0
     os.utime(files["train"][0], (1e9, 1e9))  # prepared anew, into the same pairs
     assert main(tiny_train_args(files, run2, tmp_path / "data") + ["trainer.max_steps=2"]) == 0
+
+
+def test_a_moved_run_resumes_with_its_record_of_best_and_kept_checkpoints(corpus, tmp_path):
+    """The validation BLEU never changes (lr 1e-12): best.ckpt stays the first validation's.
+    Moved to another folder and resumed, the run keeps it (Lightning had dropped the record
+    of a moved folder, and its first validation replaced best.ckpt) and keeps only its last 2."""
+    options = ["trainer.val_check_interval=1", "trainer.keep_last_checkpoints=2", "optim.lr=1e-12",
+               "trainer.best_metric=val_bleu", "trainer.early_stopping_patience=0"]
+    first, moved = tmp_path / "first", tmp_path / "moved"
+    assert main(args(corpus, first, "trainer.max_steps=3", *options)) == 0
+    assert checkpoint(first, "best.ckpt")["global_step"] == 1
+    first.rename(moved)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "The dirpath has changed")
+        assert main(args(corpus, moved, *options)) == 0
+    assert checkpoint(moved, "best.ckpt")["global_step"] == 1
+    assert sorted(p.name for p in (moved / "steps").iterdir()) == ["step7.ckpt", "step8.ckpt"]
+
+
+def test_kept_checkpoints_missing_from_the_record_are_deleted_on_resume(corpus, tmp_path):
+    """A last.ckpt written before 916e532 could miss the kept file of its own validation: a
+    file the record does not name is still deleted once the run keeps newer ones."""
+    keep = ["trainer.val_check_interval=1", "trainer.keep_last_checkpoints=2"]
+    assert main(args(corpus, tmp_path, "trainer.max_steps=3", *keep)) == 0
+    last = checkpoint(tmp_path)
+    for state in last["callbacks"].values():  # as the old order left it: step 3 not named
+        if "best_k_models" in state and any("steps" in path for path in state["best_k_models"]):
+            state["best_k_models"] = {p: v for p, v in state["best_k_models"].items()
+                                      if not p.endswith("step3.ckpt")}
+    torch.save(last, tmp_path / "last.ckpt")
+    assert main(args(corpus, tmp_path, *keep)) == 0
+    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["step7.ckpt", "step8.ckpt"]
