@@ -138,16 +138,19 @@ def training_data_record(data: PreparedData) -> dict:
     return {"pairs": len(side.lengths), "sha1": digest.hexdigest()}
 
 
-def record_training_data(run_dir: Path, data: PreparedData) -> None:
-    """A new run notes what it trains on, for ``check_training_data``."""
-    write_atomic(run_dir / TRAINING_DATA, json.dumps(training_data_record(data)) + "\n")
+def record_training_data(run_dir: Path, data: PreparedData, new_run: bool) -> None:
+    """A run notes what it trains on, for ``check_training_data``: a new run (over the record
+    of an earlier start that left no checkpoint), and a run resumed from before the record
+    was kept, from then on (a record there was checked)."""
+    if new_run or not (run_dir / TRAINING_DATA).is_file():
+        write_atomic(run_dir / TRAINING_DATA, json.dumps(training_data_record(data)) + "\n")
 
 
 def check_training_data(run_dir: Path, data: PreparedData) -> None:
     """A resumed run continues on the batches an uninterrupted run would have seen only over
     the training pairs it started with. Where its files changed since (pairs added, dropped,
     edited or reordered, the pieces still the same), a one-line error; a run from before the
-    record was kept resumes unchecked, as it did."""
+    record was kept resumes unchecked, as it did (and is checked from then on)."""
     try:
         before = json.loads((run_dir / TRAINING_DATA).read_text())
     except FileNotFoundError:

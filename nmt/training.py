@@ -303,7 +303,7 @@ def train(config: Config) -> Path:
     save_config(config, run_dir / "config.yaml")
     if resume_from is None:
         shutil.copyfile(data.tokenizer.model_file, run_dir / "spm.model")
-        record_training_data(run_dir, data)
+    record_training_data(run_dir, data, new_run=resume_from is None)
     module = TranslationModule(
         model, data.tokenizer, config.optim, config.decoding,
         list(data.text["val"]["tgt"]), config.seed,

@@ -296,8 +296,8 @@ def test_a_resumed_run_keeps_only_its_last_checkpoints(corpus, tmp_path, cadence
 
 def test_resume_after_the_training_pairs_changed_is_an_error(tmp_path, capsys):
     """Two training pairs swapped: the same pieces, other batches from the same positions. A
-    resume is refused in one line; the pairs swapped back, it resumes; a run from before the
-    record was kept resumes unchecked."""
+    resume is refused in one line; a run from before the record was kept resumes unchecked and
+    is noted from then on; a file touched but not changed resumes."""
     files = write_corpus(tmp_path)
     run = tmp_path / "run"
     assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=1"]) == 0
@@ -315,11 +315,16 @@ def test_resume_after_the_training_pairs_changed_is_an_error(tmp_path, capsys):
     assert checkpoint(run)["global_step"] == 1
     (run / "train_data.json").unlink()  # as a run from before the record was kept
     assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=2"]) == 0
-    assert not (run / "train_data.json").exists()
+    assert json.loads((run / "train_data.json").read_text())["pairs"] == 300  # noted from now on
+    os.utime(files["train"][1], (1e9, 1e9))  # prepared anew, into the same (swapped) pairs
+    assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=3"]) == 0
     for path, text in originals.items():
         Path(path).write_text(text, encoding="utf-8")
-    run2 = tmp_path / "run2"
+    run2 = tmp_path / "run2"  # a start killed before its first checkpoint, on other data
+    run2.mkdir()
+    (run2 / "train_data.json").write_text('{"pairs": 1, "sha1": "0"}\n')
     assert main(tiny_train_args(files, run2, tmp_path / "data") + ["trainer.max_steps=1"]) == 0
+    assert json.loads((run2 / "train_data.json").read_text())["pairs"] == 300  # noted anew
     os.utime(files["train"][0], (1e9, 1e9))  # prepared anew, into the same pairs
     assert main(tiny_train_args(files, run2, tmp_path / "data") + ["trainer.max_steps=2"]) == 0
 
