@@ -279,13 +279,7 @@ def train(config: Config) -> Path:
     check_training_config(config)  # fail on bad options now, not after data preparation
     run_dir = run_dir_of(config)
     resume_from = check_resumable(config, run_dir)
-    patience = config.trainer.early_stopping_patience
-    if resume_from is not None and (waited := out_of_patience(resume_from, patience)) is not None:
-        if rank_zero_only.rank == 0:
-            print(f"nothing to train: at update {waited[0]:,} the run's {config.trainer.best_metric} "
-                  f"has not improved for {waited[1]} validations, at least "
-                  f"trainer.early_stopping_patience {patience} (raise it, or set 0, to train on)",
-                  flush=True)
+    if resume_from is not None and ended_by_patience(config, resume_from):
         return run_dir
     trainer = build_trainer(config, run_dir)  # Lightning checks its own options here
     check_launcher(trainer, config.trainer.strategy)
@@ -330,6 +324,19 @@ def train(config: Config) -> Path:
             # down aborted about every other run ("terminate called without an active exception").
             torch.distributed.destroy_process_group()
     return run_dir
+
+
+def ended_by_patience(config: Config, last: Path) -> bool:
+    """Whether the run of ``last`` is out of the early stopping patience given now
+    (``out_of_patience``); if so, says so once: there is nothing to train."""
+    patience = config.trainer.early_stopping_patience
+    waited = out_of_patience(last, patience)
+    if waited is not None and rank_zero_only.rank == 0:
+        print(f"nothing to train: at update {waited[0]:,} the run's {config.trainer.best_metric} "
+              f"has not improved for {waited[1]} validations, at least "
+              f"trainer.early_stopping_patience {patience} (raise it, or set 0, to train on)",
+              flush=True)
+    return waited is not None
 
 
 def check_launcher(trainer: L.Trainer, strategy: str) -> None:
