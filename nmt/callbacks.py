@@ -1,4 +1,5 @@
 """Lightning callbacks of a training run: an EMA of the weights, the end of a step budget,
+checkpoints and early stopping that resume as the run was (moved, or with a new patience),
 and dropout chosen by the epochs the budget buys."""
 
 from __future__ import annotations
