@@ -146,8 +146,9 @@ class KeepLastCheckpoints(RunCheckpoint):
     by step: the oldest is deleted first), saved at validations as last.ckpt is.
 
     A resumed run takes its record of kept files from the folder, not from the checkpoint:
-    the record in a last.ckpt written before 916e532 missed the file of the same validation,
-    and a file missing from it was never deleted. Files past the newest ``n`` are deleted then.
+    last.ckpt is written before this callback saves at the same validation, so its record
+    misses the newest file, which was then never deleted. Files past the newest ``n`` are
+    deleted then (also where ``n`` was lowered on resume).
     """
 
     def __init__(self, run_dir: str | Path, n: int):

@@ -81,8 +81,7 @@ def out_of_patience(last: Path, patience: int) -> tuple[int, int] | None:
     for a finished budget, instead of one more update and validation."""
     if patience <= 0:
         return None
-    checkpoint = torch.load(last, map_location="cpu", weights_only=False,
-                            mmap=zipfile.is_zipfile(last))
+    checkpoint = load_mapped(last)
     waits = [state.get("wait_count", 0) for key, state in checkpoint.get("callbacks", {}).items()
              if key.startswith("EarlyStopping") and isinstance(state, dict)]
     return (checkpoint["global_step"], max(waits)) if waits and max(waits) >= patience else None
@@ -93,13 +92,17 @@ def out_of_patience(last: Path, patience: int) -> tuple[int, int] | None:
 RESUME_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "loops")
 
 
+def load_mapped(last: Path) -> dict:
+    """A checkpoint, memory-mapped where it is torch's zip format, as Lightning writes it:
+    then nothing is read but the index and what is looked at."""
+    return torch.load(last, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(last))
+
+
 def check_loadable(last: Path) -> None:
     """A one-line error, before anything is written, where ``last`` cannot be resumed from (a
-    copy cut short, a file of something else). Memory-mapped where the file is torch's zip
-    format, as Lightning writes it: then nothing is read but the index."""
+    copy cut short, a file of something else)."""
     try:
-        checkpoint = torch.load(last, map_location="cpu", weights_only=False,
-                                mmap=zipfile.is_zipfile(last))
+        checkpoint = load_mapped(last)
     except Exception as err:  # unpickling, a zip archive cut short, an empty file, ...
         reason = first_line(err)
         raise NMTError(f"{last} is damaged: cannot resume this run ({reason}); restore it, or "

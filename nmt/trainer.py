@@ -103,22 +103,14 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
     # Checkpoints and early stopping act after each validation (once per epoch, or every
     # trainer.val_check_interval batches): patience counts validations.
     metric = t.best_metric
-    # The checkpoint callbacks save in this order at each validation (Lightning keeps their
-    # order), and a checkpoint holds the callbacks' records as they stand when it is written:
-    # the last N kept go before last.ckpt, which a resumed run starts from, so that its record
-    # names the newest. best.ckpt's goes first: it is the one ``trainer.checkpoint_callback`` returns.
     callbacks: list[L.Callback] = [
         RunCheckpoint(
             dirpath=run_dir, filename="best", monitor=metric, mode=BEST_METRICS[metric],
             save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=False,
         ),
-    ]
-    if t.keep_last_checkpoints > 0:
-        callbacks.append(KeepLastCheckpoints(run_dir, t.keep_last_checkpoints))
-    callbacks += [
         # Lightning's save_last only writes when "best" does; this one writes every validation.
         RunCheckpoint(dirpath=run_dir, filename="last", enable_version_counter=False,
-                        save_on_train_epoch_end=False),
+                      save_on_train_epoch_end=False),
         StopAtStepBudget(),
     ]
     if t.early_stopping_patience > 0:
@@ -127,6 +119,8 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
                                               check_on_train_epoch_end=False))
     if config.optim.ema_decay > 0:
         callbacks.append(WeightEMA(config.optim.ema_decay))
+    if t.keep_last_checkpoints > 0:
+        callbacks.append(KeepLastCheckpoints(run_dir, t.keep_last_checkpoints))
     if config.optim.long_run_dropout is not None:
         callbacks.append(DropoutForBudget(config.optim.long_run_dropout,
                                           config.optim.long_run_epochs))
