@@ -158,6 +158,7 @@ class KeepLastCheckpoints(RunCheckpoint):
                          save_on_train_epoch_end=False)
 
     def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
         files = step_checkpoints(Path(self.dirpath).parent)
         kept = files[-self.save_top_k:]
         for path in files[: len(files) - len(kept)]:

@@ -42,13 +42,18 @@ class WeightEMA(WeightAveraging):
         average as its ``state_dict`` and the raw weights as ``current_model_state``."""
 
 
-class StopAtStepBudget(L.Callback):
-    """Ends a step budget the way Lightning ends a time budget, by ``should_stop``: the last
-    stretch is then validated and checkpointed inside the loop, in a state that resumes in the
-    middle of the epoch (a checkpoint written after ``fit`` would mark the epoch finished)."""
+class StopAtBudget(L.Callback):
+    """Ends a step budget, and the last epoch of an epoch budget, the way Lightning ends a time
+    budget, by ``should_stop``: the last stretch is then validated inside the loop, where every
+    callback acts on it as on any validation (best.ckpt and its record, the kept checkpoints,
+    early stopping), whatever trainer.val_check_interval. A step budget's checkpoint then also
+    resumes in the middle of the epoch (one written after ``fit`` would mark it finished)."""
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
-        if 0 < trainer.max_steps <= trainer.global_step:
+        steps_done = 0 < trainer.max_steps <= trainer.global_step
+        last_epoch_done = 0 < trainer.max_epochs <= trainer.current_epoch + 1 \
+            and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if steps_done or last_epoch_done:
             trainer.should_stop = True
 
 
@@ -95,8 +100,9 @@ class PatientEarlyStopping(EarlyStopping):
         patience = self.patience
         super().load_state_dict(state_dict)
         self.patience = patience
-        if self.wait_count < patience:
-            self.stopping_reason, self.stopping_reason_message = EarlyStoppingReason.NOT_STOPPED, None
+        # The reason restored is an earlier segment's: this one has not stopped (train() does
+        # not resume a run out of its patience, ``nmt.resume.out_of_patience``).
+        self.stopping_reason, self.stopping_reason_message = EarlyStoppingReason.NOT_STOPPED, None
 
 
 class DropoutForBudget(L.Callback):

@@ -76,8 +76,8 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
 def out_of_patience(last: Path, patience: int) -> tuple[int, int] | None:
     """(update, validations waited) where the run of ``last`` has waited at least ``patience``
     validations (the patience given now: raising it trains on) without its metric improving:
-    early stopping ended it, or, with a patience lowered since, would end it at the next
-    validation. None otherwise. Re-running the command of such a run then trains nothing, as
+    early stopping ended it, or waited as long as a patience lowered since allows. None
+    otherwise. Re-running the command of such a run then trains nothing, as
     for a finished budget, instead of one more update and validation."""
     if patience <= 0:
         return None
@@ -163,7 +163,8 @@ def check_training_data(run_dir: Path, data: PreparedData) -> None:
                        "delete it to resume without comparing the training pairs") from None
     now = training_data_record(data)
     if before != now:
-        then = f"{before['pairs']:,}" if isinstance(before, dict) and "pairs" in before else "?"
+        pairs = before.get("pairs") if isinstance(before, dict) else None
+        then = f"{pairs:,}" if isinstance(pairs, int) else "?"  # the record may be hand-edited
         raise NMTError(f"{run_dir} was trained on other training pairs than the corpus gives now "
                        f"({then} pairs then, {now['pairs']:,} now; its files changed since): "
                        "cannot resume this run; restore the files, or choose another --run-dir")

@@ -22,7 +22,7 @@ from nmt.callbacks import (
     DropoutForBudget,
     PatientEarlyStopping,
     RunCheckpoint,
-    StopAtStepBudget,
+    StopAtBudget,
     WeightEMA,
 )
 from nmt.config import Config
@@ -111,7 +111,7 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
         # Lightning's save_last only writes when "best" does; this one writes every validation.
         RunCheckpoint(dirpath=run_dir, filename="last", enable_version_counter=False,
                       save_on_train_epoch_end=False),
-        StopAtStepBudget(),
+        StopAtBudget(),
     ]
     if t.early_stopping_patience > 0:
         callbacks.append(PatientEarlyStopping(monitor=metric, mode=BEST_METRICS[metric],
@@ -130,7 +130,8 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
 @contextmanager
 def lightnings_option_errors() -> Iterator[None]:
     """Lightning's errors for options it rejects (strategy, devices, accelerator, precision) as
-    one-line ``NMTError``s."""
+    one-line ``NMTError``s: around the Trainer's construction alone, where a TypeError is
+    Lightning's (it raises one for devices=-2 or abc), not a bug of ours."""
     try:
         yield
     except (ValueError, TypeError, ImportError, MisconfigurationException) as err:
@@ -157,12 +158,14 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     quiet_lightning_noise()
     once_per_epoch = isinstance(t.val_check_interval, float) and t.val_check_interval == 1.0
     callbacks = training_callbacks(config, run_dir)
+    loggers = training_loggers(run_dir, t.tensorboard)
+    budget = max_time(t.max_time)
     with lightnings_option_errors():
         return L.Trainer(
             default_root_dir=run_dir,
             max_epochs=t.max_epochs,
             max_steps=t.max_steps,
-            max_time=max_time(t.max_time),
+            max_time=budget,
             accelerator=t.accelerator,
             devices=t.devices,
             num_nodes=t.num_nodes,
@@ -177,7 +180,7 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
             log_every_n_steps=t.log_every_n_steps,
             enable_progress_bar=t.enable_progress_bar,
             use_distributed_sampler=False,  # our batch sampler shards batches across ranks itself
-            logger=training_loggers(run_dir, t.tensorboard),
+            logger=loggers,
             # A fresh sampler each epoch, seeded by the epoch (Lightning's set_epoch does not reach
             # a batch sampler), so resumed and uninterrupted runs see the same batches.
             reload_dataloaders_every_n_epochs=1,

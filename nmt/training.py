@@ -4,8 +4,9 @@
 
 The run directory holds everything needed later: config.yaml and spm.model; best.ckpt and
 last.ckpt (and, with trainer.keep_last_checkpoints, steps/ and averaged.ckpt); the metrics in
-logs/version_N/metrics.csv (a resumed run adds a version); and train_stats.json, which names
-the weights that translate and evaluate take. Re-running the same command resumes from
+logs/version_N/metrics.csv (a resumed run adds a version); train_data.json, the training
+pairs a resume compares; and train_stats.json, which names the weights that translate and
+evaluate take. Re-running the same command resumes from
 last.ckpt (``nmt.resume``).
 """
 
@@ -28,7 +29,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from nmt.average import final_weights
 from nmt.config import Config, DecodingConfig, OptimConfig, run_dir_of, save_config
 from nmt.data.batching import Batch, TokenBatchSampler
-from nmt.data.module import TranslationDataModule, prepare_data, training_pairs_note
+from nmt.data.module import (
+    PreparedData,
+    TranslationDataModule,
+    prepare_data,
+    training_pairs_note,
+)
 from nmt.data.tokenizer import PAD, Tokenizer
 from nmt.errors import NMTError
 from nmt.files import write_atomic
@@ -73,7 +79,6 @@ class TranslationModule(L.LightningModule):
         # ran on, so that results name everything that produced their weights.
         self.segments: list[dict] = []
         self._fit_start = time.perf_counter()
-        self.validated_step = -1  # global step of the latest validation
         self._epoch_tokens, self._epoch_seconds = 0, 0.0
 
     def _loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,14 +149,12 @@ class TranslationModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["nmt_totals"] = self.run_totals()
         checkpoint["nmt_segments"] = self.segments
-        checkpoint["nmt_validated_step"] = self.validated_step  # a finished run is not re-validated
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.totals = dict(checkpoint.get("nmt_totals", self.totals))
         # A checkpoint from before segments were kept: what trained it is unknown, not absent.
         unknown = {"from_step": 0, "code": None, "device": None, "precision": None, "started": None}
         self.segments = list(checkpoint.get("nmt_segments", [unknown]))
-        self.validated_step = checkpoint.get("nmt_validated_step", -1)
 
     def on_validation_epoch_start(self) -> None:
         self._val_hyps, self._val_idx = [], []
@@ -172,7 +175,6 @@ class TranslationModule(L.LightningModule):
         val_loss = self.trainer.strategy.reduce(self._val_loss, reduce_op="sum")
         self.log("val_loss", val_loss[0] / val_loss[1].clamp(min=1), prog_bar=True)
         self.log("val_bleu", bleu_from_statistics(stats.tolist()), prog_bar=True)
-        self.validated_step = self.global_step
         # Wall-clock minutes since the run began (resumed segments included): learning curves.
         self.log("wall_minutes", self.wall_seconds() / 60)
 
@@ -293,11 +295,7 @@ def train(config: Config) -> Path:
         check_training_data(run_dir, data)
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     check_batches_per_process(datamodule, config, trainer.world_size)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(config, run_dir / "config.yaml")
-    if resume_from is None:
-        shutil.copyfile(data.tokenizer.model_file, run_dir / "spm.model")
-    record_training_data(run_dir, data, new_run=resume_from is None)
+    write_run_files(config, run_dir, data, new_run=resume_from is None)
     module = TranslationModule(
         model, data.tokenizer, config.optim, config.decoding,
         list(data.text["val"]["tgt"]), config.seed,
@@ -310,20 +308,37 @@ def train(config: Config) -> Path:
         forget_final_weights(run_dir)
     try:
         fit(trainer, module, datamodule, resume_from)
-        metric = config.trainer.best_metric  # what best.ckpt's callback monitored
-        best = finish_last_epoch(trainer, module, datamodule, run_dir, metric)
-        totals = module.run_totals()  # on every process: it sums their tokens
-        if trainer.is_global_zero:
-            weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
-            stats = write_train_stats(run_dir, totals, module, trainer, metric, best, weights)
-            print_run_summary(stats, trainer.callback_metrics, trainer.early_stopping_callback)
-            print(f"translate and evaluate use {weights}: {why}", flush=True)
+        finish_run(config, run_dir, trainer, module, datamodule)
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # Lightning leaves the group to the process's exit, where a DDP worker tearing it
             # down aborted about every other run ("terminate called without an active exception").
             torch.distributed.destroy_process_group()
     return run_dir
+
+
+def write_run_files(config: Config, run_dir: Path, data: PreparedData, new_run: bool) -> None:
+    """What the run directory holds before training, once nothing is left to check:
+    config.yaml (the segment's options), a new run's spm.model, and train_data.json."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(config, run_dir / "config.yaml")
+    if new_run:
+        shutil.copyfile(data.tokenizer.model_file, run_dir / "spm.model")
+    record_training_data(run_dir, data, new_run)
+
+
+def finish_run(config: Config, run_dir: Path, trainer: L.Trainer, module: TranslationModule,
+               datamodule: TranslationDataModule) -> None:
+    """After ``fit``: last.ckpt of a finished epoch (``finish_last_epoch``), then, once, the
+    weights translate takes (``final_weights``), train_stats.json and the run's summary."""
+    finish_last_epoch(trainer, datamodule, run_dir)
+    totals = module.run_totals()  # on every process: it sums their tokens
+    if trainer.is_global_zero:
+        weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
+        stats = write_train_stats(run_dir, totals, module, trainer, config.trainer.best_metric,
+                                  weights)
+        print_run_summary(stats, trainer.callback_metrics, trainer.early_stopping_callback)
+        print(f"translate and evaluate use {weights}: {why}", flush=True)
 
 
 def ended_by_patience(config: Config, last: Path) -> bool:
@@ -383,28 +398,12 @@ def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDa
         raise KeyboardInterrupt from None  # the command line's "interrupted", exit status 130
 
 
-def finish_last_epoch(trainer: L.Trainer, module: TranslationModule,
-                      datamodule: TranslationDataModule, run_dir: Path, metric: str) -> float | None:
-    """The best ``metric`` of the run, after its last epoch is validated and checkpointed.
-
-    Budgets that stop inside an epoch were validated and checkpointed in the loop
-    (StopAtStepBudget). At an epoch's end, validate it if trainer.val_check_interval batches
-    left it unvalidated, and write last.ckpt as a finished epoch."""
-    best = trainer.checkpoint_callback.best_model_score
-    best = float(best) if best is not None else None
+def finish_last_epoch(trainer: L.Trainer, datamodule: TranslationDataModule, run_dir: Path) -> None:
+    """At an epoch's end, write last.ckpt again, as a finished epoch: the checkpoint of the
+    epoch's last validation, written inside the loop at its last batch (StopAtBudget), would
+    resume it as an epoch still running."""
     if datamodule.epoch_finished():
-        if module.validated_step < trainer.global_step:
-            score = trainer.validate(module, datamodule=datamodule, verbose=False)[0][metric]
-            if best is None or is_better(score, best, metric):
-                trainer.save_checkpoint(run_dir / "best.ckpt", weights_only=False)
-                best = score
         trainer.save_checkpoint(run_dir / "last.ckpt", weights_only=False)  # a whole, resumable one
-    return best
-
-
-def is_better(score: float, best: float, metric: str) -> bool:
-    """Whether ``score`` beats ``best`` in ``metric``'s direction (BEST_METRICS)."""
-    return score < best if BEST_METRICS[metric] == "min" else score > best
 
 
 def print_effective_batch(config: Config, trainer: L.Trainer) -> None:
@@ -419,13 +418,14 @@ def print_effective_batch(config: Config, trainer: L.Trainer) -> None:
 
 
 def write_train_stats(run_dir: Path, totals: dict, module: TranslationModule, trainer: L.Trainer,
-                      metric: str, best: float | None, weights: str) -> dict:
+                      metric: str, weights: str) -> dict:
     """train_stats.json: the run's ``totals`` (``TranslationModule.run_totals``: all resumed
     segments, all processes), read by ``compare``, and the
     weights file that translate and evaluate take by default (``final_weights``). Returns
     what it wrote. ``epochs``: optimizer steps / steps per epoch, so a budget that stopped
     inside an epoch counts its part (Lightning's epoch counter counts it whole)."""
     per_epoch = steps_per_epoch(trainer)
+    best = trainer.checkpoint_callback.best_model_score  # best.ckpt's; None if never validated
     stats = {
         "wall_seconds": round(totals["wall_seconds"], 1),
         "train_step_seconds": round(totals["step_seconds"], 1),
@@ -435,7 +435,7 @@ def write_train_stats(run_dir: Path, totals: dict, module: TranslationModule, tr
         "epochs": round(trainer.global_step / per_epoch, 2) if math.isfinite(per_epoch) else None,
         "parameters": sum(p.numel() for p in module.model.parameters()),
         "peak_rss_mb": round(peak_memory_mb(), 1),
-        f"best_{metric}": round(best, 4) if best is not None else None,  # best.ckpt's
+        f"best_{metric}": round(float(best), 4) if best is not None else None,
         "world_size": trainer.world_size,
         "segments": module.segments,
         "final_weights": weights,

@@ -5,6 +5,7 @@ the options that decide its trajectory unchanged."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -359,3 +360,41 @@ def test_kept_checkpoints_missing_from_the_record_are_deleted_on_resume(corpus, 
     torch.save(last, tmp_path / "last.ckpt")
     assert main(args(corpus, tmp_path, *keep)) == 0
     assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["step7.ckpt", "step8.ckpt"]
+
+
+def test_the_validation_at_the_end_of_the_last_epoch_counts_as_any_other(corpus, tmp_path):
+    """Validations every 3 of 2 x 4 batches: the loop validates at updates 3 and 6, and the end
+    of the last epoch (update 8) is validated too, as any validation: it keeps its step
+    checkpoint, and best.ckpt, train_stats.json and the record of the best in last.ckpt (what a
+    resumed run compares its validations with) all name the best of the three."""
+    options = ["trainer.val_check_interval=3", "trainer.keep_last_checkpoints=2"]
+    assert main(args(corpus, tmp_path, *options)) == 0
+    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["step6.ckpt", "step8.ckpt"]
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
+        scores = {int(r["step"]) + 1: float(r["val_loss"]) for r in csv.DictReader(f) if r["val_loss"]}
+    assert sorted(scores) == [3, 6, 8]
+    best_step = min(scores, key=scores.get)
+    assert checkpoint(tmp_path, "best.ckpt")["global_step"] == best_step
+    stats = json.loads((tmp_path / "train_stats.json").read_text())
+    assert stats["best_val_loss"] == pytest.approx(scores[best_step], abs=1e-4)
+    record = checkpoint(tmp_path)["callbacks"]
+    best = next(state for key, state in record.items()
+                if key.startswith("ModelCheckpoint{'monitor': 'val_loss'"))
+    assert float(best["best_model_score"]) == pytest.approx(scores[best_step], abs=1e-4)
+    assert Path(best["best_model_path"]).name == "best.ckpt"
+    stopping = next(state for key, state in record.items() if key.startswith("EarlyStopping"))
+    assert float(stopping["best_score"]) == pytest.approx(scores[best_step], abs=1e-4)
+
+
+def test_a_hand_edited_record_of_the_training_pairs_is_a_one_line_error(tmp_path, capsys):
+    """train_data.json whose number of pairs is not a number: the resume is refused in one
+    line (formatting it as one was a traceback)."""
+    files = write_corpus(tmp_path)
+    run = tmp_path / "run"
+    assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=1"]) == 0
+    (run / "train_data.json").write_text('{"pairs": "300", "sha1": "0"}\n')
+    capsys.readouterr()
+    assert main(tiny_train_args(files, run, tmp_path / "data") + ["trainer.max_steps=2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "trained on other training pairs than the corpus gives now (? pairs then, 300 now" in err

@@ -164,8 +164,10 @@ def test_early_stopping_waits_its_patience_and_0_trains_to_the_budget(tmp_path, 
     ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches must be at least 1"),
     ("trainer.strategy=bogus", "trainer option rejected by Lightning: You selected an invalid strategy"),
     ("trainer.devices=0", "trainer option rejected by Lightning: `Trainer(devices=0)`"),
-    ("trainer.devices=-2", "trainer option rejected by Lightning: "),
-    ("trainer.devices=abc", "trainer option rejected by Lightning: "),
+    ("trainer.devices=-2", "trainer option rejected by Lightning: `devices` selected with "
+     "`CPUAccelerator` should be an int > 0"),
+    ("trainer.devices=abc", "trainer option rejected by Lightning: `devices` selected with "
+     "`CPUAccelerator` should be an int > 0"),
     ("trainer.strategy=ddp_spawn", "trainer.strategy ddp_spawn trains in processes that hand nothing"),
     ("trainer.strategy=ddp_fork", "trainer.strategy ddp_fork trains in processes that hand nothing"),
     ("data.max_len=600", "data.max_len 600 must be below the model's max_positions 512"),
