@@ -162,8 +162,12 @@ class TranslationAPI(litserve.LitAPI):
                         if length < len(ids)]
         return job
 
-    def predict(self, items: list[Job | Rejected]) -> list[dict | Rejected]:
-        """Group the jobs by (model, beam, attention); one ``translate`` call per group."""
+    def predict(self, items: list[Job | Rejected] | Job | Rejected
+                ) -> list[dict | Rejected] | dict | Rejected:
+        """Group the jobs by (model, beam, attention); one ``translate`` call per group.
+        With max_batch_size 1, LitServe hands over each request alone, and takes its answer."""
+        if not isinstance(items, list):
+            return self.predict([items])[0]
         outputs: list[dict | Rejected] = list(items)
         groups: dict[tuple, list[int]] = {}
         for position, item in enumerate(items):

@@ -232,6 +232,23 @@ def test_concurrent_requests_each_get_their_own_answer(server, runs):
     assert request(server + "/health") == (200, "ok")
 
 
+def test_a_server_of_batches_of_one_answers_each_request(runs, tmp_path):
+    """--max-batch 1: LitServe then hands ``predict`` each request alone, not in a list (every
+    request got a 500). A good request is translated, a bad one gets its 400."""
+    translators, paths, sentences = runs
+    process, url = start_server(["--checkpoint", str(paths[0]), "--max-batch", "1",
+                                 "--precision", "32-true", "--weights", "best.ckpt"],
+                                tmp_path / "serve.log")
+    try:
+        status, answer = request(url + "/translate", {"text": sentences[:3], "beam": 2})
+        assert status == 200, answer
+        assert answer["translations"] == expected(translators["first"], sentences[:3], 2)
+        status, answer = request(url + "/translate", {"text": []})
+        assert status == 400 and "error" in answer
+    finally:
+        stop_server(process)
+
+
 def test_page_and_script_are_served(server):
     status, page = request(server + "/")
     assert status == 200 and '<script src="/app.js">' in page
