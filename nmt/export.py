@@ -165,9 +165,11 @@ class CTranslate2Translator:
 
     Decoding follows ``nmt.search``: PAD and BOS are never emitted, each output is cut to its
     budget of ``max_len_ratio`` x source length + 5 pieces (CTranslate2 takes one maximum per
-    call, so the cut is applied afterwards: exact for greedy search), and beam hypotheses are
-    ranked with the GNMT length penalty (CTranslate2's own is length ** alpha, so it runs
-    with none and returns all K finished hypotheses with their raw log-probabilities).
+    call, so the cut is applied afterwards and a cut output is scored anew with a forced EOS:
+    exact for greedy search), and beam hypotheses are ranked with the GNMT length penalty
+    (CTranslate2's own is length ** alpha, so it runs with none and returns all K finished
+    hypotheses with their raw log-probabilities). Its beam search differs from ours where a
+    hypothesis meets the limit: ours ends it there, CTranslate2 searches on past it.
     """
 
     def __init__(self, model_dir: str | Path, device: str | None = None, threads: int = 0):
@@ -210,10 +212,12 @@ class CTranslate2Translator:
             found = [self._search([s], [b], beam_size, True)[0] for s, b in zip(sources, budgets)]
         else:
             found = self._search(sources, budgets, beam_size, need_attn)
-        for line, source, budget, result in zip(todo, sources, budgets, found):
-            hyps = [self._hypothesis(result, k, budget - 1, alpha, source, need_attn)
-                    for k in range(len(result.hypotheses))]
-            results[line] = sorted(hyps, key=lambda t: -t.score)[:nbest]
+        hyps = [[self._hypothesis(result, k, budget - 1, source, need_attn)
+                 for k in range(len(result.hypotheses))]
+                for source, budget, result in zip(sources, budgets, found)]
+        self._score_cut(sources, hyps)
+        for line, sentence in zip(todo, hyps):
+            results[line] = ranked(sentence, alpha)[:nbest]
         return results
 
     def _search(self, sources: list[list[str]], budgets: list[int], beam_size: int,
@@ -233,17 +237,45 @@ class CTranslate2Translator:
         mask = torch.arange(int(lengths.max())) < lengths.unsqueeze(1)
         return max_output_lengths(mask, ratio, self.max_positions).tolist()
 
-    def _hypothesis(self, result, k: int, limit: int, alpha: float, source: list[str],
+    def _hypothesis(self, result, k: int, limit: int, source: list[str],
                     need_attn: bool) -> Translation:
-        """Hypothesis ``k`` of a result, cut to ``limit`` pieces, scored as
-        ``search.beam_search`` scores: log-probability (EOS included) / GNMT penalty."""
+        """Hypothesis ``k`` of a result, cut to ``limit`` pieces, with its log-probability
+        (EOS included) where it ended by itself within them; None where it was cut, or ended
+        by CTranslate2's length limit without EOS (``_score_cut`` scores it). Unranked."""
         pieces = result.hypotheses[k]
+        ended = pieces[-1:] == [EOS_PIECE] and len(pieces) - 1 <= limit
         pieces = (pieces[:-1] if pieces[-1:] == [EOS_PIECE] else pieces)[:limit]
         ids = [self.tokenizer.sp.piece_to_id(p) for p in pieces]
-        penalty = length_penalty(len(pieces) + 1, alpha)
-        translation = Translation(self.tokenizer.decode([ids])[0], result.scores[k] / penalty,
-                                  pieces, log_prob=result.scores[k], length_penalty=penalty)
+        translation = Translation(self.tokenizer.decode([ids])[0], 0.0, pieces,
+                                  log_prob=result.scores[k] if ended else None)
         if need_attn:
             translation.attention = torch.tensor(result.attention[k])[: len(pieces) + 1]
             translation.source = source
         return translation
+
+    def _score_cut(self, sources: list[list[str]], hyps: list[list[Translation]]) -> None:
+        """The log-probability of each hypothesis cut at its sentence's limit, as
+        ``search.restrict`` gives it: its pieces' and a forced EOS's (CTranslate2's score
+        counted the pieces cut off, and no EOS), in one teacher-forced pass."""
+        cut = [(i, hyp) for i, sentence in enumerate(hyps) for hyp in sentence if hyp.log_prob is None]
+        if not cut:
+            return
+        scored = self.engine.score_batch(
+            [sources[i] for i, _ in cut], [hyp.pieces for _, hyp in cut],
+            max_batch_size=self.config.data.eval_max_tokens, batch_type="tokens",
+            max_input_length=0)
+        for (_, hyp), result in zip(cut, scored):
+            hyp.log_prob = sum(result.log_probs)  # the pieces' and EOS's
+
+
+def ranked(hyps: list[Translation], alpha: float) -> list[Translation]:
+    """One sentence's hypotheses scored as ``search.beam_search`` scores them, log-probability
+    / GNMT penalty, best first; of pieces found twice (cut to the same ones), the best alone."""
+    best: dict[tuple[str, ...], Translation] = {}
+    for hyp in hyps:
+        hyp.length_penalty = length_penalty(len(hyp.pieces) + 1, alpha)
+        hyp.score = hyp.log_prob / hyp.length_penalty
+        key = tuple(hyp.pieces)
+        if key not in best or hyp.score > best[key].score:
+            best[key] = hyp
+    return sorted(best.values(), key=lambda t: -t.score)

@@ -11,7 +11,7 @@ import torch
 from nmt.cli import main
 from nmt.config import load_config, save_config
 from nmt.data.batching import collate
-from nmt.export import CTranslate2Translator
+from nmt.export import CTranslate2Translator, ranked
 from nmt.plots import EOS_PIECE, attention_matrix
 from nmt.translator import Translator
 
@@ -68,10 +68,10 @@ def test_a_hypothesis_that_ends_itself_keeps_its_eos_attention_row(exported):
     rows = [[0.25, 0.75], [0.5, 0.5], [0.875, 0.125], [0.375, 0.625]]  # exact in float32
     ended = type("Result", (), {"hypotheses": [[*words[:3], EOS_PIECE]], "scores": [-2.0],
                                 "attention": [rows]})()
-    mine = translator._hypothesis(ended, 0, limit=10, alpha=0.0, source=source, need_attn=True)
+    mine = translator._hypothesis(ended, 0, limit=10, source=source, need_attn=True)
     assert mine.pieces == words[:3] and mine.log_prob == -2.0
     assert mine.attention.tolist() == rows  # 3 pieces + EOS
-    cut = translator._hypothesis(ended, 0, limit=2, alpha=0.0, source=source, need_attn=True)
+    cut = translator._hypothesis(ended, 0, limit=2, source=source, need_attn=True)
     assert cut.pieces == words[:2] and cut.attention.tolist() == rows[:3]
 
 
@@ -240,3 +240,54 @@ def test_export_over_an_export_keeps_what_else_is_there(run, tmp_path, capsys):
     link.symlink_to(out)
     assert main(["export", "--checkpoint", str(run), "--out", str(link)]) == 1
     assert "is a symbolic link: name the folder itself" in capsys.readouterr().err
+
+
+def teacher_forced(run, tokenizer, pairs: list[tuple[list[int], list[int]]]) -> list[float]:
+    """Our model's log-probability of each (source ids, target ids) pair's target + EOS."""
+    model = Translator.from_run_dir(run, "cpu", precision="32-true").model.eval()
+    batch = collate([(n, src, tgt) for n, (src, tgt) in enumerate(pairs)])
+    with torch.no_grad():
+        log_probs = model(batch.src, batch.src_mask, batch.tgt_in).log_softmax(-1)
+    forced = log_probs.gather(-1, batch.tgt_out.unsqueeze(-1)).squeeze(-1)  # (N, T)
+    return [float(row[: len(tgt) + 1].sum()) for row, (_, tgt) in zip(forced, pairs)]
+
+
+def test_greedy_output_cut_at_the_length_limit_is_scored_as_ours_scores_it(run, exported, sources):
+    """Output budgets of 5 steps (max_len_ratio 0): CTranslate2 takes one maximum length per
+    batch and forces no EOS, so its outputs run past a sentence's limit and are cut. Each
+    one's log-probability is then the model's for its pieces + a forced EOS, as ours (here
+    teacher-forced), not CTranslate2's for pieces cut off."""
+    translator = CTranslate2Translator(exported)
+    translator.config.decoding.max_len_ratio = 0.0
+    lines = sources[:12]
+    results = translator.translate(lines, beam_size=1)
+    tokenizer = translator.tokenizer
+    targets = [[tokenizer.sp.piece_to_id(p) for p in hyp.pieces] for hyp, in results]
+    assert sum(len(tgt) == 4 for tgt in targets) >= len(lines) // 2  # cut: 5 steps - EOS
+    expected = teacher_forced(run, tokenizer, list(zip(tokenizer.encode(lines), targets)))
+    assert [hyp.log_prob for hyp, in results] == pytest.approx(expected, abs=1e-3)
+
+
+def test_beam_hypotheses_cut_to_the_same_pieces_are_one_scored_as_ours(run, exported, sources):
+    """Beam hypotheses that ran past the limit (CTranslate2's scores for more pieces, without
+    EOS) are scored for the pieces kept + EOS; two cut to the same pieces are listed once. Over
+    real searches at budgets of 5 steps, n-best lists hold distinct hypotheses, best first."""
+    translator = CTranslate2Translator(exported)
+    tokenizer = translator.tokenizer
+    source_ids = tokenizer.encode(sources[:1])[0]
+    source = tokenizer.pieces(source_ids) + [EOS_PIECE]
+    words = tokenizer.pieces(list(range(4, 10)))
+    found = type("Result", (), {"hypotheses": [words[:5], words[:4] + [words[5]], words[:2] + [EOS_PIECE]],
+                                "scores": [-1.0, -0.5, -3.0]})()
+    hyps = [translator._hypothesis(found, k, limit=4, source=source, need_attn=False) for k in range(3)]
+    translator._score_cut([source], [hyps])
+    listed = ranked(hyps, alpha=1.0)
+    assert sorted(len(hyp.pieces) for hyp in listed) == [2, 4]
+    cut = next(hyp for hyp in listed if len(hyp.pieces) == 4)
+    assert cut.log_prob == pytest.approx(
+        teacher_forced(run, tokenizer, [(source_ids, list(range(4, 8)))])[0], abs=1e-3)
+    assert next(hyp for hyp in listed if len(hyp.pieces) == 2).log_prob == -3.0  # ended: as found
+    translator.config.decoding.max_len_ratio = 0.0
+    for hyps in translator.translate(sources[:12], beam_size=3, nbest=3, alpha=1.0):
+        assert len({tuple(hyp.pieces) for hyp in hyps}) == len(hyps) > 0
+        assert [hyp.score for hyp in hyps] == sorted((hyp.score for hyp in hyps), reverse=True)
