@@ -54,6 +54,7 @@ from nmt.resume import (
 from nmt.schedules import SCHEDULERS, SCHEDULES, steps_per_epoch
 from nmt.search import greedy_search
 from nmt.trainer import BEST_METRICS, build_trainer, max_time
+from nmt.translator import check_max_len_ratio
 
 
 class TranslationModule(L.LightningModule):
@@ -203,7 +204,8 @@ def check_training_config(config: Config) -> None:
 
 
 def check_data_config(config: Config) -> None:
-    """Sizes and counts of the data pipeline, the seed and the decoding beam."""
+    """Sizes and counts of the data pipeline, the seed, and the decoding options validation
+    uses."""
     d = config.data
     for key in ("max_len", "max_tokens", "eval_max_tokens", "vocab_size", "spm_sample"):
         if getattr(d, key) < 1:
@@ -216,6 +218,7 @@ def check_data_config(config: Config) -> None:
         raise NMTError(f"seed must be 0 or more, got {config.seed}")
     if config.decoding.beam_size < 1:
         raise NMTError(f"decoding.beam_size must be at least 1, got {config.decoding.beam_size}")
+    check_max_len_ratio(config.decoding.max_len_ratio)  # validation decodes
 
 
 def check_model_fits(config: Config) -> None:

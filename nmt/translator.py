@@ -74,9 +74,17 @@ def encode_truncated(tokenizer: Tokenizer, lines: list[str], max_positions: int,
     return ids
 
 
+def check_max_len_ratio(ratio: float) -> None:
+    """Outputs may take ratio x source length + 5 steps: a negative ratio leaves none."""
+    if not ratio >= 0:  # NaN too
+        raise NMTError(f"decoding.max_len_ratio must be 0 or more, got {ratio}")
+
+
 def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None) -> tuple[int, float]:
     """Beam size and length penalty: the arguments given, else the run's decoding config;
-    an impossible beam / n-best pair or a negative prune margin is a one-line error."""
+    an impossible beam / n-best pair, a negative prune margin or output length ratio is a
+    one-line error."""
+    check_max_len_ratio(dec.max_len_ratio)
     beam_size = dec.beam_size if beam_size is None else beam_size
     alpha = dec.alpha if alpha is None else alpha
     if beam_size < 1 or not 1 <= nbest <= beam_size:

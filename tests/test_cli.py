@@ -24,7 +24,7 @@ import yaml
 
 from nmt.cli import main, parser
 from nmt.cli.decoding import input_chunks, open_input
-from nmt.config import load_config
+from nmt.config import load_config, save_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.module import prepare_data, split_dataset
 from nmt.errors import NMTError
@@ -487,6 +487,22 @@ def test_bad_decoding_options(run, tmp_path, extra, message, capsys):
     assert main(["translate", "--checkpoint", str(run), "--input", str(source), *extra]) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("beam", ["1", "2"])
+def test_a_negative_output_length_ratio_in_a_run_is_a_one_line_error(run, tmp_path, capsys, beam):
+    """decoding.max_len_ratio -1 in a run's config.yaml (edited by hand) left outputs no
+    steps: a traceback in greedy and in beam search."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = load_config(copy / "config.yaml")
+    config.decoding.max_len_ratio = -1.0
+    save_config(config, copy / "config.yaml")
+    source = tmp_path / "in.txt"
+    source.write_text("haus\n")
+    assert main(["translate", "--checkpoint", str(copy), "--input", str(source), "--beam", beam]) == 1
+    err = capsys.readouterr().err
+    assert err == "error: decoding.max_len_ratio must be 0 or more, got -1.0\n", err
 
 
 def test_output_to_a_directory_is_an_error(run, tmp_path, capsys):
