@@ -47,7 +47,8 @@ def check_engine_options(engine: str, weights: str | None, precision: str | None
     if engine == "torch":
         return
     if weights is not None:
-        raise NMTError("--weights is for the torch engine; export those weights instead")
+        raise NMTError("--weights is for the torch engine; export those weights instead "
+                       "(nmt export --weights)")
     if precision is not None:
         raise NMTError("--precision is for the torch engine; export with --quantization instead")
     if ensemble:

@@ -128,9 +128,11 @@ class RunConverter(ctranslate2.converters.Converter):
         return spec
 
 
-def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str = "float32") -> Path:
+def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str = "float32",
+                       weights: str | None = None) -> Path:
     """Convert ``run_dir`` into a CTranslate2 model in ``out``, with our SentencePiece model
-    and config beside it (all ``nmt translate --engine ctranslate2`` needs)."""
+    and config beside it (all ``nmt translate --engine ctranslate2`` needs). ``weights``: a
+    checkpoint file of the run, as translate's (default: the run's final weights)."""
     run_dir, out = existing_run_dir(run_dir), Path(out)
     if quantization not in QUANTIZATIONS:
         raise NMTError(f"unknown quantization '{quantization}'; choose one of: {', '.join(QUANTIZATIONS)}")
@@ -138,7 +140,7 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
         raise NMTError(f"no config.yaml in {run_dir}: is it a training run directory?")
     check_exportable(load_config(run_dir / "config.yaml"))
     check_export_target(out)
-    translator = Translator.from_run_dir(run_dir, "cpu")
+    translator = Translator.from_run_dir(run_dir, "cpu", weights)
     RunConverter(translator).convert(str(out), quantization=quantization, force=True)
     for name in BESIDE_THE_MODEL:
         shutil.copy(run_dir / name, out / name)

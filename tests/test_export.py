@@ -4,6 +4,7 @@ int8 works, and runs CTranslate2 cannot execute get a one-line reason."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -291,3 +292,22 @@ def test_beam_hypotheses_cut_to_the_same_pieces_are_one_scored_as_ours(run, expo
     for hyps in translator.translate(sources[:12], beam_size=3, nbest=3, alpha=1.0):
         assert len({tuple(hyp.pieces) for hyp in hyps}) == len(hyps) > 0
         assert [hyp.score for hyp in hyps] == sorted((hyp.score for hyp in hyps), reverse=True)
+
+
+def test_export_of_another_checkpoint_of_the_run(run, tmp_path, corpus):
+    """--weights: the export decodes with that file's weights (a copy of the run's with its
+    embeddings scaled, so that they differ), as translate --weights does."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    checkpoint = torch.load(copy / "last.ckpt", map_location="cpu", weights_only=False)
+    checkpoint["state_dict"] = {name: value * 1.5 if "embed" in name else value
+                                for name, value in checkpoint["state_dict"].items()}
+    torch.save(checkpoint, copy / "other.ckpt")
+    out = tmp_path / "other.ct2"
+    assert main(["export", "--checkpoint", str(copy), "--weights", "other.ckpt", "--out", str(out)]) == 0
+    _, files = corpus
+    lines = open(files["test"][0], encoding="utf-8").read().splitlines()[:10]
+    theirs = [h.log_prob for h, in CTranslate2Translator(out).translate(lines, beam_size=1)]
+    for weights, same in (("other.ckpt", True), ("last.ckpt", False)):
+        ours = Translator.from_run_dir(copy, "cpu", weights, precision="32-true").translate(lines, 1)
+        assert (theirs == pytest.approx([h.log_prob for h, in ours], abs=1e-3)) == same, weights

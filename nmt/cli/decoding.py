@@ -285,6 +285,8 @@ def add_export(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--format", default="ctranslate2", help="ctranslate2")
     export.add_argument("--quantization", default="float32", help="float32 | int8")
     export.add_argument("--out", required=True, help="new directory (or an earlier export, replaced)")
+    export.add_argument("--weights", help="checkpoint file in the run directory (default: the "
+                        "run's final weights, as translate)")
 
 def cmd_export(args: argparse.Namespace) -> None:
     if args.format != "ctranslate2":
@@ -293,6 +295,6 @@ def cmd_export(args: argparse.Namespace) -> None:
         from nmt.export import export_ctranslate2
     except ImportError:
         raise NMTError('nmt export needs CTranslate2: pip install -e ".[export]"') from None
-    out = export_ctranslate2(args.checkpoint, args.out, args.quantization)
+    out = export_ctranslate2(args.checkpoint, args.out, args.quantization, args.weights)
     print(f"CTranslate2 model ({args.quantization}) written to {out}/; use it with "
           f"nmt translate --engine ctranslate2 --checkpoint {out}")
