@@ -505,6 +505,25 @@ def test_a_negative_output_length_ratio_in_a_run_is_a_one_line_error(run, tmp_pa
     assert err == "error: decoding.max_len_ratio must be 0 or more, got -1.0\n", err
 
 
+def test_translate_takes_the_runs_nbest_unless_given(run, tmp_path, capsys):
+    """decoding.nbest in the run's config is translate's default: Moses n-best rows."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    config = load_config(copy / "config.yaml")
+    config.decoding.nbest = 2
+    save_config(config, copy / "config.yaml")
+    source = tmp_path / "in.txt"
+    source.write_text("haus\nhund katze\n")
+    for extra, fields in (([], [["0", "0", "1", "1"], 4]), (["--nbest", "1"], [2, 1])):
+        capsys.readouterr()
+        assert main(["translate", "--checkpoint", str(copy), "--input", str(source), "--beam", "3",
+                     *extra]) == 0
+        rows = [row.split(" ||| ") for row in capsys.readouterr().out.splitlines()]
+        ids, width = fields
+        assert ([row[0] for row in rows] if width == 4 else len(rows)) == ids
+        assert {len(row) for row in rows} == {width}
+
+
 def test_output_to_a_directory_is_an_error(run, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("haus\n")

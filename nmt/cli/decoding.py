@@ -50,7 +50,8 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
     translate = sub.choices["translate"]
     translate.add_argument("--input", help="input file (default stdin)")
     translate.add_argument("--output", help="output file (default stdout)")
-    translate.add_argument("--nbest", type=int, default=1)
+    translate.add_argument("--nbest", type=int, help="hypotheses per line, in Moses' n-best "
+                           "format where more than 1 (default: the run's decoding.nbest, 1)")
     translate.add_argument("--buffer-lines", type=positive_int, default=BUFFER_LINES,
                            help="translate and write the input this many lines at a time "
                                 f"(default {BUFFER_LINES}; 1: each line as it arrives)")
@@ -159,6 +160,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def cmd_translate(args: argparse.Namespace) -> None:
     picture_options(args)
     translator = open_translator(args, sentences=args.buffer_lines)
+    if args.nbest is None:
+        args.nbest = translator.config.decoding.nbest
     if args.plot_attention is not None:
         check_plot_options(translator, args)
     first = 1  # the input's number of the chunk's first line
