@@ -79,6 +79,11 @@ class StepTimer(L.Callback):
         self.flops += 3 * module.model.forward_flops(batch.src, batch.tgt_in)  # fwd + 2x bwd
 
 
+def significant(value: float, digits: int = 3) -> float:
+    """``value`` to ``digits`` significant digits: a tiny model's MFU reads 0.0004, not 0."""
+    return float(f"{value:.{digits}g}")
+
+
 def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     """Tokens/s and FLOP utilisation of ``steps`` Lightning training steps after warm-up."""
     L.seed_everything(config.seed, verbose=False)
@@ -110,9 +115,9 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
         # MFU against the peak of the precision the matmuls ran in (at most 1), and against
         # fp32's, which under bf16 can read above 1: how far past fp32's ceiling bf16 took it
         "precision_peak_gflops": round(precision_peak, 1),
-        "mfu": round(achieved / precision_peak, 3),
+        "mfu": significant(achieved / precision_peak),
         "fp32_peak_gflops": round(peak, 1),
-        "fp32_peak_utilisation": round(achieved / peak, 3),
+        "fp32_peak_utilisation": significant(achieved / peak),
         "peak_rss_mb": round(peak_memory_mb(), 1),
         "threads": torch.get_num_threads(),
         "precision": trainer.precision,

@@ -162,6 +162,15 @@ def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
     return hashlib.sha1(text.encode()).hexdigest()[:12], resolved
 
 
+def recorded_as_asked(record: dict, cfg: CompareConfig) -> bool:
+    """Whether a cell's record was decoded as ``cfg`` asks now: at its beam, with the pictures
+    of its plot_sentences. The key covers training alone: a record of other decoding options
+    is decoded anew from its run (which the key still names)."""
+    lines = [i for i in cfg.plot_sentences if i < record["scores"]["sentences"]]
+    return (record["scores"].get("beam") == cfg.beam
+            and [picture.get("line") for picture in record["pictures"]] == lines)
+
+
 def train_cell(cell: Cell, config_file: str, overrides: list[str], run_dir: Path) -> None:
     """Train one cell in a child process, unless its run directory holds the finished run."""
     if (run_dir / "train_stats.json").is_file():
@@ -227,7 +236,8 @@ def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: l
         config_file, overrides = cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra)
         key, resolved = cell_key(config_file, overrides)
         record_dir = out / "cells" / cell.name
-        if (record := read_record(record_dir)) is not None and record["key"] == key:
+        if (record := read_record(record_dir)) is not None and record["key"] == key \
+                and recorded_as_asked(record, cfg):
             print(f"  {cell.name}: recorded already, reused", flush=True)
             continue
         run_dir = runs / f"{cell.name}-{key}"

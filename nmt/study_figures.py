@@ -18,9 +18,14 @@ def draw_figures(cfg, records: dict, rows: list[dict], folder: Path) -> None:
                    f"BLEU per cell ({main[0]['group']}: mean ± std over seeds)")
     draw_head_size(rows, folder / "head_size.png")
     seed1 = {c: r for c, r in records.items() if c.seed == 1 and c.group == rows[0]["group"]}
-    for i, line in enumerate(cfg.plot_sentences):
-        draw_cross(seed1, cfg, i, folder / f"cross_test{line + 1:04d}.png")
-        draw_encoder(seed1, i, folder / f"encoder_test{line + 1:04d}.png")
+    for line in cfg.plot_sentences:
+        draw_cross(seed1, cfg, line, folder / f"cross_test{line + 1:04d}.png")
+        draw_encoder(seed1, line, folder / f"encoder_test{line + 1:04d}.png")
+
+
+def picture_of(record: dict, line: int) -> dict | None:
+    """The record's picture of test line ``line`` (None past the test set's end)."""
+    return next((picture for picture in record["pictures"] if picture["line"] == line), None)
 
 
 def draw_head_size(rows: list[dict], path: Path) -> None:
@@ -45,14 +50,15 @@ def draw_head_size(rows: list[dict], path: Path) -> None:
                      "Transformer: the head-size sweep", log_x=True)
 
 
-def draw_cross(records: dict, cfg, index: int, path: Path) -> None:
+def draw_cross(records: dict, cfg, line: int, path: Path) -> None:
     """Cross-attention of every seed-1 cell for one test sentence, one row per family."""
     panels = []
     columns = max(sum(1 for c in records if c.family == f) for f in cfg.families) or 1
     for family in cfg.families:
-        mine = [(c, r) for c, r in records.items() if c.family == family]
+        mine = [(c, r) for c, r in records.items()
+                if c.family == family and picture_of(r, line) is not None]
         for cell, record in mine:
-            picture = record["pictures"][index]
+            picture = picture_of(record, line)
             panels.append((f"{family} / {cell.attention}", torch.tensor(picture["cross"]),
                            picture["source"], picture["target"]))
         panels += [None] * ((-len(mine)) % columns)  # next family on a new row
@@ -60,13 +66,13 @@ def draw_cross(records: dict, cfg, index: int, path: Path) -> None:
         save_attention_grid(path, panels, columns=columns)
 
 
-def draw_encoder(records: dict, index: int, path: Path) -> None:
+def draw_encoder(records: dict, line: int, path: Path) -> None:
     """The last encoder layer's self-attention of every seed-1 Transformer cell: one row per
     scorer, one column per head, then the mean over heads."""
     panels, heads = [], 0
     for cell, record in records.items():
-        picture = record["pictures"][index]
-        if "encoder" not in picture:
+        picture = picture_of(record, line)
+        if picture is None or "encoder" not in picture:
             continue
         weights = torch.tensor(picture["encoder"])  # (H, S, S)
         heads = max(heads, weights.size(0))

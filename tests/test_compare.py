@@ -148,6 +148,32 @@ def test_cells_are_reused_only_when_their_configuration_matches(study, capsys):
     assert record_a["key"] != record_b["key"] and record_b["config"]["optim"]["lr"] == 0.0007
 
 
+def test_a_record_of_other_decoding_options_is_decoded_anew(study, tmp_path, capsys):
+    """The key covers training alone: with another beam, or other pictured lines, a cell's
+    record is decoded anew from its run (it was reused, its beam-3 scores tabled as beam 2's);
+    a pictured line past the test set's end is drawn for none (it was an IndexError)."""
+    run, out, _, folder = study
+    config = yaml.safe_load((folder / "compare.yaml").read_text())
+    changed = tmp_path / "compare.yaml"
+    changed.write_text(yaml.safe_dump({**config, "beam": 2, "plot_sentences": [1, 99]}))
+    assert run("b") == 0  # recorded at beam 3 (trained here unless an earlier test did)
+    shutil.copytree(out / "b", tmp_path / "b")
+    capsys.readouterr()
+    assert main(["compare", "--config", str(changed), "--preset", "b", "--out", str(tmp_path / "b"),
+                 "--runs", str(folder / "runs" / "b")]) == 0
+    log = capsys.readouterr().out
+    assert "rnn_additive_seed1: decoding and recording" in log and "reused" not in log
+    assert ": training" not in log  # its run, under the same key, is decoded again
+    record = json.loads((tmp_path / "b/cells/rnn_additive_seed1/record.json").read_text())
+    assert record["scores"]["beam"] == 2 and [p["line"] for p in record["pictures"]] == [1]
+    assert (tmp_path / "b/figures/cross_test0002.png").is_file()
+    assert not (tmp_path / "b/figures/cross_test0100.png").exists()
+    capsys.readouterr()
+    assert main(["compare", "--config", str(changed), "--preset", "b", "--out", str(tmp_path / "b"),
+                 "--runs", str(folder / "runs" / "b")]) == 0
+    assert "rnn_additive_seed1: recorded already, reused" in capsys.readouterr().out
+
+
 def test_cells_train_in_parallel_into_their_own_records(study, capsys):
     """--jobs 2: two new cells train at once, each in its own process, and each record is its
     own cell's (seed, key), as the sequential study would write it."""
@@ -280,6 +306,7 @@ def test_committed_study_records_still_match_their_cells():
         overrides = compare.cell_overrides(cfg, "study", cell, [])
         key, _ = compare.cell_key(str(REPO / cfg.families[cell.family]), overrides)
         assert key == record["key"], f"{record['name']}: its configuration changed"
+        assert compare.recorded_as_asked(record, cfg), f"{record['name']}: decoded otherwise"
 
 
 def test_the_committed_study_names_where_each_cell_ran_as_the_code_tables_it(monkeypatch):

@@ -45,9 +45,14 @@ def runs(tmp_path_factory):
 
 
 def free_port() -> int:
+    """A port nothing listens on now (the default, 8000, may be taken on a shared machine)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_option() -> list[str]:
+    return ["--port", str(free_port())]
 
 
 def request(url: str, body: bytes | dict | None = None, headers: dict | None = None):
@@ -296,7 +301,7 @@ def test_web_page_translates_and_draws_heatmaps(server, runs, tmp_path):
 ])
 def test_serve_bad_options_give_one_line_error(runs, capsys, argv, message):
     _, paths, _ = runs
-    assert main(["serve", "--checkpoint", str(paths[0]), *argv]) == 1
+    assert main(["serve", *free_port_option(), "--checkpoint", str(paths[0]), *argv]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
 
@@ -312,7 +317,7 @@ def test_serve_port_in_use(runs, capsys):
 
 
 def test_serve_missing_run_directory(capsys, tmp_path):
-    assert main(["serve", "--checkpoint", str(tmp_path / "nothing")]) == 1
+    assert main(["serve", *free_port_option(), "--checkpoint", str(tmp_path / "nothing")]) == 1
     assert "not a training run directory" in capsys.readouterr().err
 
 
@@ -324,7 +329,7 @@ def test_serve_a_run_without_weights_is_one_line_before_start(runs, capsys, tmp_
     bare.mkdir()
     for name in ("config.yaml", "spm.model"):
         (bare / name).write_bytes((paths[0] / name).read_bytes())
-    assert main(["serve", "--checkpoint", str(bare)]) == 1
+    assert main(["serve", *free_port_option(), "--checkpoint", str(bare)]) == 1
     err = capsys.readouterr().err
     assert f"no best.ckpt or last.ckpt in {bare}" in err and err.count("\n") == 1
 
@@ -359,6 +364,6 @@ def test_an_ensemble_is_served_as_one_model(runs):
 def test_serve_refuses_an_ensemble_it_cannot_serve_in_one_line(runs, capsys, tmp_path, argv, message):
     _, paths, _ = runs
     names = {"first": paths[0], "second": paths[1], "missing": tmp_path / "missing"}
-    assert main(["serve", "--checkpoint", *(arg.format(**names) for arg in argv)]) == 1
+    assert main(["serve", *free_port_option(), "--checkpoint", *(arg.format(**names) for arg in argv)]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
