@@ -92,11 +92,13 @@ def _cosine(optimizer: torch.optim.Optimizer, optim: OptimConfig, trainer: L.Tra
 
 def _plateau(optimizer: torch.optim.Optimizer, optim: OptimConfig, trainer: L.Trainer) -> dict:
     """x ``plateau_factor`` at the first validation after ``plateau_patience`` validations
-    without a better BLEU (ReduceLROnPlateau's patience)."""
+    without a better BLEU (ReduceLROnPlateau's patience). Stepped by the module after every
+    validation (``TranslationModule.step_plateau``): Lightning would step it at epoch ends
+    alone, on the last validation's BLEU, and fail at an epoch that had none."""
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
         optimizer, mode="max", factor=optim.plateau_factor, patience=optim.plateau_patience,
         min_lr=optim.min_lr)
-    return {"scheduler": scheduler, "monitor": "val_bleu"}
+    return {"scheduler": scheduler, "monitor": "val_bleu", "strict": False}
 
 
 def _constant(optimizer: torch.optim.Optimizer, optim: OptimConfig, trainer: L.Trainer) -> None:

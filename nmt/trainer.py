@@ -80,6 +80,9 @@ def quiet_lightning_noise() -> None:
     - under DDP, its advice to log our epoch metrics with ``sync_dist=True``: the validation
       scores are summed over the processes before they are logged, the tokens/s counts every
       process's tokens, and the wall-clock minutes are the same on each;
+    - that the plateau schedule's val_bleu is missing at the end of an epoch that had no
+      validation: the module steps that schedule at validations, not Lightning at epoch ends
+      (``TranslationModule.step_plateau``);
     - the FutureWarning torch 2.13 raises at Lightning 2.6's own use of ``LeafSpec``;
     - its tip to install a cloud logger.
 
@@ -89,7 +92,8 @@ def quiet_lightning_noise() -> None:
                     "Checkpoint directory .* exists and is not empty",
                     r"Precision \S+-mixed is not supported by the model summary",
                     r"It is recommended to use `self\.log\('(val_loss|val_bleu|wall_minutes|"
-                    r"train_tgt_tok_per_s)'.*sync_dist=True"):
+                    r"train_tgt_tok_per_s)'.*sync_dist=True",
+                    "ReduceLROnPlateau conditioned on metric val_bleu which is not available"):
         warnings.filterwarnings("ignore", message)
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)

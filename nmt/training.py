@@ -23,8 +23,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from nmt.average import final_weights
 from nmt.config import Config, DecodingConfig, OptimConfig, run_dir_of, save_config
@@ -175,9 +177,23 @@ class TranslationModule(L.LightningModule):
         stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
         val_loss = self.trainer.strategy.reduce(self._val_loss, reduce_op="sum")
         self.log("val_loss", val_loss[0] / val_loss[1].clamp(min=1), prog_bar=True)
-        self.log("val_bleu", bleu_from_statistics(stats.tolist()), prog_bar=True)
+        bleu = bleu_from_statistics(stats.tolist())
+        self.log("val_bleu", bleu, prog_bar=True)
+        self.step_plateau(bleu)
         # Wall-clock minutes since the run began (resumed segments included): learning curves.
         self.log("wall_minutes", self.wall_seconds() / 60)
+
+    def step_plateau(self, bleu: float) -> None:
+        """The plateau schedule weighs every validation of training (``lr_scheduler_step``
+        leaves it to this)."""
+        if self.trainer.state.fn == TrainerFn.FITTING and \
+                isinstance(scheduler := self.lr_schedulers(), ReduceLROnPlateau):
+            scheduler.step(bleu)
+
+    def lr_scheduler_step(self, scheduler, metric) -> None:
+        """Lightning's stepping of the schedules, but for the plateau's (``step_plateau``)."""
+        if not isinstance(scheduler, ReduceLROnPlateau):
+            scheduler.step()
 
     def _fused_adam(self) -> bool:
         """Adam's fused kernel updates every parameter in one pass instead of ~10 operators

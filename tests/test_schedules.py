@@ -248,3 +248,16 @@ def test_an_early_stopped_run_stays_stopped_until_its_patience_is_raised(tmp_pat
            "at least trainer.early_stopping_patience 1" in out and epochs() == 2
     assert main(args + ["trainer.early_stopping_patience=3"]) == 0
     assert epochs() == 4 and "early stopping ended the run: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("interval,validations", [(3, 3), (6, 2)])
+def test_the_plateau_schedule_acts_at_every_validation(tmp_path, interval, validations):
+    """2 epochs of 4 batches, validated every ``interval`` batches and at the end: the plateau
+    schedule weighs every validation's BLEU (it was stepped at epoch ends alone, on the epoch's
+    last validation, and failed where an epoch ended before the first validation)."""
+    files = write_corpus(tmp_path)
+    run = tmp_path / "run"
+    assert main([*tiny_train_args(files, run, tmp_path / "data", epochs=2), "optim.schedule=plateau",
+                 f"trainer.val_check_interval={interval}"]) == 0
+    last = torch.load(run / "last.ckpt", map_location="cpu", weights_only=False)
+    assert last["lr_schedulers"][0]["last_epoch"] == validations
