@@ -71,6 +71,27 @@ def test_named_files_and_mismatched_lengths(tmp_path):
         load_corpus(cfg)["val"]  # splits are read when first used
 
 
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_files_of_different_lengths_are_an_error_when_only_a_prefix_is_read(tmp_path, suffix):
+    """data.train_lines reads the first pairs alone: files of different lengths are still an
+    error (a line dropped from one side shifted every pair after it, silently), while equal
+    files, ending with a newline or without, read their prefix."""
+    (tmp_path / "a").write_bytes(b"".join(b"line %d\n" % i for i in range(300)))
+    (tmp_path / "b").write_bytes(b"".join(b"LINE %d\n" % i for i in range(300))[:-1])
+    paths = []
+    for name in ("a", "b"):
+        data = (tmp_path / name).read_bytes()
+        (tmp_path / (name + suffix)).write_bytes(gzip.compress(data) if suffix else data)
+        paths.append(str(tmp_path / (name + suffix)))
+    assert len(load_corpus(DataConfig(train_files=paths, val_files=paths, test_files=paths,
+                                      train_lines=100))["train"]) == 100
+    dropped = b"".join(b"LINE %d\n" % i for i in range(300) if i != 6)
+    (tmp_path / ("b" + suffix)).write_bytes(gzip.compress(dropped) if suffix else dropped)
+    cfg = DataConfig(train_files=paths, val_files=paths, test_files=paths, train_lines=100)
+    with pytest.raises(NMTError, match=f"{paths[0]} has 300 lines but {paths[1]} has 299"):
+        load_corpus(cfg)["train"]
+
+
 def test_named_test_files_alone_are_an_error_not_ignored(tmp_path):
     """Test files named without the training files would be silently passed over for the
     folder's corpus: named files replace the whole corpus, so that is an error."""

@@ -18,6 +18,7 @@ readers that split on those would silently shift every later pair by one.
 from __future__ import annotations
 
 import gzip
+import itertools
 import re
 import zlib
 from collections.abc import Iterator, Mapping
@@ -92,6 +93,8 @@ def read_pairs(source: Source, limit: int | None = None) -> Iterator[tuple[list[
         left -= len(src)
         yield src, tgt
         if left <= 0:
+            if isinstance(source, tuple):  # files read in part: their lengths still must agree
+                check_same_length(*source, *map(line_count, source))
             return
 
 
@@ -125,23 +128,37 @@ def load_corpus(cfg: DataConfig) -> Corpus:
 
 def read_lines(path: str) -> Iterator[list[str]]:
     """Lines of a UTF-8 text file (``.gz`` too), split on ``\\n`` only, in chunks."""
-    opener = gzip.open if path.endswith(".gz") else open
     done, rest = 0, b""
+    for block in itertools.chain(read_blocks(path), [b""]):  # b"": the end, takes the rest
+        data = rest + block
+        cut = len(data) if not block else data.rfind(b"\n") + 1  # whole lines only
+        data, rest = data[:cut], data[cut:]
+        lines = _decode_lines(path, data, done)
+        done += len(lines)
+        if lines:
+            yield lines
+
+
+def read_blocks(path: str) -> Iterator[bytes]:
+    """The bytes of a file (``.gz`` decompressed), in blocks of ``CHUNK_BYTES``."""
+    opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as f:
         while True:
             try:
                 block = f.read(CHUNK_BYTES)
             except (EOFError, gzip.BadGzipFile, zlib.error) as err:  # truncated or not gzip
                 raise NMTError(f"{path}: damaged gzip file ({err})") from None
-            data = rest + block
-            cut = len(data) if not block else data.rfind(b"\n") + 1  # whole lines only
-            data, rest = data[:cut], data[cut:]
-            lines = _decode_lines(path, data, done)
-            done += len(lines)
-            if lines:
-                yield lines
             if not block:
                 return
+            yield block
+
+
+def line_count(path: str) -> int:
+    """The lines ``read_lines`` reads from a file, counted without decoding them."""
+    count, last = 0, b"\n"
+    for block in read_blocks(path):
+        count, last = count + block.count(b"\n"), block[-1:]
+    return count + (last != b"\n")  # text after the last "\n" is a line too
 
 
 def _decode_lines(path: str, data: bytes, done: int) -> list[str]:
@@ -181,8 +198,12 @@ def _file_pairs(src_path: str, tgt_path: str) -> Iterator[tuple[list[str], list[
         if n := min(map(len, buffers)):
             yield buffers[0][:n], buffers[1][:n]
             del buffers[0][:n], buffers[1][:n]
-    if counts[0] != counts[1]:
-        raise NMTError(f"{src_path} has {counts[0]} lines but {tgt_path} has {counts[1]}; "
+    check_same_length(src_path, tgt_path, *counts)
+
+
+def check_same_length(src_path: str, tgt_path: str, src_lines: int, tgt_lines: int) -> None:
+    if src_lines != tgt_lines:
+        raise NMTError(f"{src_path} has {src_lines} lines but {tgt_path} has {tgt_lines}; "
                        "the two sides of a corpus must align line by line")
 
 
