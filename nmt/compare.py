@@ -118,9 +118,20 @@ def cells_of(cfg: CompareConfig, preset: str, seeds: int | None = None) -> list[
              for family, attentions in group.attentions.items()
              for attention in attentions
              for variant in group.variant_overrides()]
+    check_cell_names(preset, cells)
     order = list(groups)
     return sorted(cells, key=lambda c: (order.index(c.group), c.seed,
                                         c.attention != cfg.baselines[c.family]))
+
+
+def check_cell_names(preset: str, cells: list[Cell]) -> None:
+    """A cell's name (its record's folder) leaves out its group, so that records keep their
+    folders: two groups with a variant of the same name and scorer would share one."""
+    seen: dict[str, Cell] = {}
+    for cell in cells:
+        if (other := seen.setdefault(cell.name, cell)) is not cell:
+            raise NMTError(f"preset {preset}: groups {other.group} and {cell.group} both make cell "
+                           f"{cell.name} (variant {cell.variant}): name their variants apart")
 
 
 def cell_overrides(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]) -> list[str]:

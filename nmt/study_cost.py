@@ -35,15 +35,16 @@ def _bench(arguments: list[str]) -> dict:
 
 
 def measure_cost(cfg: CompareConfig, preset: str, out: Path, steps: int = 20, warmup: int = 3,
-                 max_len: int = 512) -> dict:
-    """Bench every (family, scorer) of the main group at seed 1; write ``out/cost.json``."""
+                 max_len: int = 512, extra: list[str] = ()) -> dict:
+    """Bench every (family, scorer) of the main group at seed 1, with the cells' options
+    (``extra``: the command line's, as the cells'); write ``out/cost.json``."""
     main = [c for c in cells_of(cfg, preset) if c.seed == 1 and c.variant == "base"
             and c.group == cells_of(cfg, preset)[0].group]
     rows = []
     for cell in main:
         print(f"  {cell.family}/{cell.attention}: bench train ({steps} steps)", flush=True)
         summary = _bench(["train", "--config", cfg.families[cell.family], "--steps", str(steps),
-                          "--warmup", str(warmup), *cell_overrides(cfg, preset, cell, [])])
+                          "--warmup", str(warmup), *cell_overrides(cfg, preset, cell, list(extra))])
         rows.append({"family": cell.family, "attention": cell.attention,
                      **{key: summary.get(key) for key in TRAIN_KEYS}})
     print(f"  scorers alone: bench attention (lengths 16..{max_len})", flush=True)

@@ -288,6 +288,52 @@ def test_cost_is_benched_per_scorer_and_tabled(study, capsys):
     assert f"| {cost['train'][0]['mfu']} |" in table.split("### cost")[1]  # the MFU column
 
 
+def test_two_groups_making_one_cell_name_are_an_error(study, tmp_path, capsys):
+    """Groups short and long, each with a variant big of the same scorer: their records would
+    share one folder, each run replacing the other's. One line instead, before any training."""
+    _, _, _, folder = study
+    config = yaml.safe_load((folder / "compare.yaml").read_text())
+    variant = {"big": {"rnn": ["model.hidden_size=48"]}}
+    config["presets"]["c"] = {"groups": {
+        "short": {"attentions": {"rnn": ["additive"]}, "variants": variant},
+        "long": {"attentions": {"rnn": ["additive"]}, "variants": variant}}}
+    path = tmp_path / "compare.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    assert main(["compare", "--config", str(path), "--preset", "c", "--out", str(tmp_path / "c"),
+                 "--runs", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert err == ("error: preset c: groups short and long both make cell rnn_additive_big_seed1 "
+                   "(variant big): name their variants apart\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cost_is_benched_with_the_command_lines_options_as_the_cells(study, monkeypatch, capsys):
+    """compare --cost OPTION: each scorer's training is benched with the option, as the cells
+    it is tabled beside were trained (it was benched with the preset's options alone)."""
+    from nmt import study_cost
+
+    run, out, _, folder = study
+    calls = []
+
+    def bench(arguments):  # what nmt bench would be asked, and a summary of the right shape
+        calls.append(arguments)
+        if arguments[0] == "attention":
+            return {"rows": [], "batch": 1, "heads": 1, "head_dim": 1}
+        return dict.fromkeys(study_cost.TRAIN_KEYS, 1)
+
+    monkeypatch.setattr(study_cost, "_bench", bench)
+    cost_file = out / "b" / "cost.json"
+    kept = cost_file.read_bytes() if cost_file.is_file() else None
+    try:
+        assert run("b", "--cost", "optim.lr=0.0009") == 0
+    finally:
+        cost_file.unlink(missing_ok=True)
+        if kept is not None:
+            cost_file.write_bytes(kept)
+    trains = [arguments for arguments in calls if arguments[0] == "train"]
+    assert trains and all("optim.lr=0.0009" in arguments for arguments in trains)
+
+
 def test_committed_study_records_still_match_their_cells():
     """The published study accumulates over many sessions: each committed record must keep
     the key its cell resolves to now, or ``nmt compare --preset study`` would retrain it. A new

@@ -76,6 +76,6 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.cost:
         from nmt.study_cost import measure_cost
 
-        measure_cost(cfg, args.preset, out)
+        measure_cost(cfg, args.preset, out, extra=overrides)
     run_compare(cfg, args.preset, out, runs, overrides, seeds=args.seeds,
                 train=not (args.tables_only or args.cost), workers=args.jobs)
