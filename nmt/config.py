@@ -36,7 +36,7 @@ class DataConfig:
     vocab_size: int = 8000  # joint SentencePiece vocabulary
     spm_sample: int = 200_000  # SentencePiece trains on a random sample of this many pairs
     max_len: int = 100  # training pairs longer than this (pieces, either side) are dropped
-    max_tokens: int = 4096  # token budget of a training batch (padded source + target)
+    max_tokens: int = 4096  # training batch budget: pairs x (longer side + 1), padded
     eval_max_tokens: int = 8000  # token budget of a decoding batch
     num_workers: int = 0  # loader processes building training batches (0: in the training process)
 
