@@ -176,7 +176,7 @@ def test_an_error_part_of_the_way_leaves_the_output_file_as_it_was(run, tmp_path
     out.write_text("an earlier translation\n")
     assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--output",
                  str(out), "--buffer-lines", "1", "--beam", "1"]) == 1
-    assert "line 3 is not valid UTF-8" in capsys.readouterr().err
+    assert f"{source}, line 3: not valid UTF-8" in capsys.readouterr().err
     assert out.read_text() == "an earlier translation\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temporary file
     # A missing input is found before the output's folder is made.
@@ -372,11 +372,27 @@ def test_help_names_every_scorer(capsys):
         assert f"--attention ATTENTION {' | '.join(SCORERS)}" in help_text
 
 
-def test_undecodable_input_names_the_line(run, tmp_path, capsys):
+def test_undecodable_input_names_the_file_and_line(run, tmp_path, capsys):
     source = tmp_path / "bad.txt"
     source.write_bytes(b"haus\nhund \xff\xfe\n")
     assert main(["translate", "--checkpoint", str(run), "--input", str(source)]) == 1
-    assert "line 2 is not valid UTF-8" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"error: {source}, line 2: not valid UTF-8 (byte 5)\n"
+
+
+def test_output_naming_the_input_file_is_an_error_that_keeps_it(run, tmp_path, capsys, monkeypatch):
+    """--output in.de with --input in.de (or the same file by another path) replaced the
+    source text with its translations, silently."""
+    source = tmp_path / "in.de"
+    source.write_text("haus\n")
+    monkeypatch.chdir(tmp_path)
+    for output in (str(source), "in.de", "./sub/../in.de"):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        assert main(["translate", "--checkpoint", str(run), "--input", str(source),
+                     "--output", output]) == 1
+        assert capsys.readouterr().err == (f"error: --output {output} is the input file: its "
+                                           "text would be replaced by the translations; name "
+                                           "another file\n")
+        assert source.read_text() == "haus\n"
 
 
 def test_incompatible_checkpoint_and_output_not_truncated(run, tmp_path, capsys):

@@ -112,7 +112,7 @@ def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[l
             try:
                 chunk.append(raw.removesuffix(b"\n").decode("utf-8").rstrip("\r"))
             except UnicodeDecodeError as err:
-                raise NMTError(f"line {number} is not valid UTF-8 (byte {err.start})") from None
+                raise NMTError(f"{name}, line {number}: not valid UTF-8 (byte {err.start})") from None
             if len(chunk) == size:
                 yield chunk
                 chunk = []
@@ -159,6 +159,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def cmd_translate(args: argparse.Namespace) -> None:
     picture_options(args)
+    check_output_is_not_input(args.input, args.output)
     translator = open_translator(args, sentences=args.buffer_lines)
     if args.nbest is None:
         args.nbest = translator.config.decoding.nbest
@@ -170,6 +171,14 @@ def cmd_translate(args: argparse.Namespace) -> None:
         for lines in input_chunks(stream, args.buffer_lines, args.input or "stdin"):
             write(translate_chunk(translator, lines, first, args))
             first += len(lines)
+
+
+def check_output_is_not_input(source: str | None, output: str | None) -> None:
+    """The translations would replace the text they translate: a one-line error instead."""
+    if source and output and os.path.exists(output) and os.path.exists(source) \
+            and os.path.samefile(output, source):  # a link to it too
+        raise NMTError(f"--output {output} is the input file: its text would be replaced by "
+                       "the translations; name another file")
 
 
 def translate_chunk(translator, lines: list[str], first: int, args: argparse.Namespace) -> str:
