@@ -228,6 +228,9 @@ def check_data_config(config: Config) -> None:
             raise NMTError(f"data.{key} must be at least 1, got {getattr(d, key)}")
     if d.train_lines is not None and d.train_lines < 1:
         raise NMTError(f"data.train_lines must be at least 1 (or null: all), got {d.train_lines}")
+    if d.src_lang == d.tgt_lang:
+        raise NMTError(f"data.src_lang and data.tgt_lang are both '{d.src_lang}': translation "
+                       "needs two languages")
     if d.num_workers < 0:
         raise NMTError(f"data.num_workers must be 0 or more, got {d.num_workers}")
     if config.seed < 0:
