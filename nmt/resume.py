@@ -6,6 +6,7 @@ budgets, validation cadence and decoding may change between segments (``RESUMABL
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import zipfile
@@ -73,18 +74,30 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     return last
 
 
-def out_of_patience(last: Path, patience: int) -> tuple[int, int] | None:
-    """(update, validations waited) where the run of ``last`` has waited at least ``patience``
-    validations (the patience given now: raising it trains on) without its metric improving:
-    early stopping ended it, or waited as long as a patience lowered since allows. None
-    otherwise. Re-running the command of such a run then trains nothing, as
-    for a finished budget, instead of one more update and validation."""
+def out_of_patience(checkpoint: dict, patience: int) -> tuple[int, int] | None:
+    """(update, validations waited) where the run of ``checkpoint`` (its last.ckpt) has waited
+    at least ``patience`` validations (the patience given now: raising it trains on) without
+    its metric improving: early stopping ended it, or waited as long as a patience lowered
+    since allows. None otherwise. Re-running the command of such a run then trains nothing,
+    as for a finished budget, instead of one more update and validation."""
     if patience <= 0:
         return None
-    checkpoint = load_mapped(last)
     waits = [state.get("wait_count", 0) for key, state in checkpoint.get("callbacks", {}).items()
              if key.startswith("EarlyStopping") and isinstance(state, dict)]
     return (checkpoint["global_step"], max(waits)) if waits and max(waits) >= patience else None
+
+
+def time_spent(checkpoint: dict, budget: str | None) -> float | None:
+    """The seconds the run of ``checkpoint`` has trained where they reach ``budget``
+    (DD:HH:MM:SS, as Lightning's Timer takes it), else None: the Timer counts the training of
+    every segment, validations during it included, so the same budget again trains nothing."""
+    timer = checkpoint.get("callbacks", {}).get("Timer")
+    if budget is None or not isinstance(timer, dict):
+        return None
+    days, hours, minutes, seconds = map(int, budget.split(":"))
+    spent = timer.get("time_elapsed", {}).get("train", 0.0)
+    limit = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    return spent if spent >= limit.total_seconds() else None
 
 
 # What Lightning reads from a checkpoint to resume: the weights, the optimizer and schedule,

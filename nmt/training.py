@@ -50,8 +50,10 @@ from nmt.resume import (
     check_training_data,
     check_vocabulary,
     forget_final_weights,
+    load_mapped,
     out_of_patience,
     record_training_data,
+    time_spent,
 )
 from nmt.schedules import SCHEDULERS, SCHEDULES, steps_per_epoch
 from nmt.search import greedy_search
@@ -303,7 +305,7 @@ def train(config: Config) -> Path:
     check_training_config(config)  # fail on bad options now, not after data preparation
     run_dir = run_dir_of(config)
     resume_from = check_resumable(config, run_dir)
-    if resume_from is not None and ended_by_patience(config, resume_from):
+    if resume_from is not None and nothing_to_train(config, resume_from):
         return run_dir
     trainer = build_trainer(config, run_dir)  # Lightning checks its own options here
     check_launcher(trainer, config.trainer.strategy)
@@ -363,17 +365,24 @@ def finish_run(config: Config, run_dir: Path, trainer: L.Trainer, module: Transl
         print(f"translate and evaluate use {weights}: {why}", flush=True)
 
 
-def ended_by_patience(config: Config, last: Path) -> bool:
-    """Whether the run of ``last`` is out of the early stopping patience given now
-    (``out_of_patience``); if so, says so once: there is nothing to train."""
-    patience = config.trainer.early_stopping_patience
-    waited = out_of_patience(last, patience)
-    if waited is not None and rank_zero_only.rank == 0:
-        print(f"nothing to train: at update {waited[0]:,} the run's {config.trainer.best_metric} "
-              f"has not improved for {waited[1]} validations, at least "
-              f"trainer.early_stopping_patience {patience} (raise it, or set 0, to train on)",
-              flush=True)
-    return waited is not None
+def nothing_to_train(config: Config, last: Path) -> bool:
+    """Whether the run of ``last`` has nothing left to train, out of the early stopping
+    patience given now (``out_of_patience``) or of its time budget (``time_spent``); if so,
+    says why, once."""
+    checkpoint = load_mapped(last)
+    t = config.trainer
+    why = None
+    if (waited := out_of_patience(checkpoint, t.early_stopping_patience)) is not None:
+        why = (f"at update {waited[0]:,} the run's {t.best_metric} has not improved for "
+               f"{waited[1]} validations, at least trainer.early_stopping_patience "
+               f"{t.early_stopping_patience} (raise it, or set 0, to train on)")
+    elif (spent := time_spent(checkpoint, max_time(t.max_time))) is not None:
+        why = (f"the run has trained for {datetime.timedelta(seconds=round(spent))} of its "
+               f"--max-time {t.max_time} (every segment counts, validation in it too): raise it "
+               "to train on")
+    if why is not None and rank_zero_only.rank == 0:
+        print(f"nothing to train: {why}", flush=True)
+    return why is not None
 
 
 def check_launcher(trainer: L.Trainer, strategy: str) -> None:

@@ -398,3 +398,21 @@ def test_a_hand_edited_record_of_the_training_pairs_is_a_one_line_error(tmp_path
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert "trained on other training pairs than the corpus gives now (? pairs then, 300 now" in err
+
+
+def test_a_run_that_spent_its_time_budget_says_so_and_a_larger_one_trains_on(corpus, tmp_path,
+                                                                             capsys):
+    """--max-time counts every segment of the run (Lightning's Timer, kept in checkpoints):
+    the same budget again trained nothing and said only how many updates the run had."""
+    slow = ["trainer.val_check_interval=1", "data.max_tokens=200", "--max-epochs", "1000"]
+    assert main(args(corpus, tmp_path, "--max-time", "00:00:02", *slow)) == 0
+    steps = checkpoint(tmp_path)["global_step"]
+    capsys.readouterr()
+    assert main(args(corpus, tmp_path, "--max-time", "00:00:02", *slow)) == 0
+    said = capsys.readouterr().out.splitlines()[0]
+    assert said.startswith("nothing to train: the run has trained for 0:00:0") and said.endswith(
+        " of its --max-time 00:00:02 (every segment counts, validation in it too): raise it "
+        "to train on"), said
+    assert checkpoint(tmp_path)["global_step"] == steps
+    assert main(args(corpus, tmp_path, "--max-time", "00:00:05", *slow)) == 0
+    assert checkpoint(tmp_path)["global_step"] > steps
