@@ -177,4 +177,6 @@ def existing_run_dir(path: str | Path) -> Path:
                        "evaluate and serve take a checkpoint file in it with --weights)")
     if not run_dir.is_dir():
         raise NMTError(f"checkpoint directory not found: {run_dir}")
+    if not (run_dir / "config.yaml").is_file():
+        raise NMTError(f"no config.yaml in {run_dir}: is it a training run directory?")
     return run_dir

@@ -136,8 +136,6 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     run_dir, out = existing_run_dir(run_dir), Path(out)
     if quantization not in QUANTIZATIONS:
         raise NMTError(f"unknown quantization '{quantization}'; choose one of: {', '.join(QUANTIZATIONS)}")
-    if not (run_dir / "config.yaml").is_file():
-        raise NMTError(f"no config.yaml in {run_dir}: is it a training run directory?")
     check_exportable(load_config(run_dir / "config.yaml"))
     check_export_target(out)
     translator = Translator.from_run_dir(run_dir, "cpu", weights)

@@ -296,8 +296,9 @@ def check_trainer_config(config: Config) -> None:
                        f"{t.accumulate_grad_batches}")
     if config.optim.schedule == "cosine" and t.max_steps <= 0 and t.max_epochs <= 0 \
             and t.max_time is None:
-        raise NMTError("schedule cosine decays to the end of the budget: set trainer.max_steps, "
-                       "trainer.max_epochs or --max-time")
+        raise NMTError("schedule cosine decays to the end of the budget, and none is set "
+                       f"(trainer.max_steps {t.max_steps}, trainer.max_epochs {t.max_epochs}, no "
+                       "--max-time): give one, or choose another optim.schedule")
 
 
 def train(config: Config) -> Path:

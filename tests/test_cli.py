@@ -379,6 +379,14 @@ def test_undecodable_input_names_the_file_and_line(run, tmp_path, capsys):
     assert capsys.readouterr().err == f"error: {source}, line 2: not valid UTF-8 (byte 5)\n"
 
 
+@pytest.mark.parametrize("command", [["translate"], ["evaluate"], ["average"]])
+def test_a_folder_that_is_not_a_run_is_named_as_such(tmp_path, capsys, command):
+    """--checkpoint data (a folder, but no run's): the error said "config file not found"."""
+    assert main([*command, "--checkpoint", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (f"error: no config.yaml in {tmp_path}: is it a training "
+                                       "run directory?\n")
+
+
 def test_output_naming_the_input_file_is_an_error_that_keeps_it(run, tmp_path, capsys, monkeypatch):
     """--output in.de with --input in.de (or the same file by another path) replaced the
     source text with its translations, silently."""
