@@ -139,7 +139,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         merged = OmegaConf.merge(schema, *layers)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        raise NMTError(f"bad config: {str(err).splitlines()[0]}") from None
+        raise NMTError(f"bad config: {config_error(err)}") from None
+
+
+def config_error(err: OmegaConfBaseException) -> str:
+    """OmegaConf's first line, with the key it is about, and its jargon for a list put plainly."""
+    first, key = str(err).splitlines()[0], getattr(err, "full_key", None)
+    if key and "is not a ListConfig" in first:
+        return f"{key} takes a list: {key}=[a,b] on the command line, [a, b] in YAML"
+    return f"{key}: {first}" if key and key not in first else first
 
 
 # Options added after runs were trained whose built-in default differs from what those runs
@@ -168,6 +176,15 @@ def run_dir_of(config: Config) -> Path:
     return Path(f"checkpoints/{config.name}_{attention}_{config.data.src_lang}-{config.data.tgt_lang}")
 
 
+def run_config(path: str | Path) -> Config:
+    """The config.yaml of a training run's directory (``existing_run_dir``); a one-line error
+    naming a folder without one as not a run."""
+    config_file = existing_run_dir(path) / "config.yaml"
+    if not config_file.is_file():
+        raise NMTError(f"no config.yaml in {path}: is it a training run directory?")
+    return load_config(config_file)
+
+
 def existing_run_dir(path: str | Path) -> Path:
     """``path`` as a training run's directory (what ``--checkpoint`` names); a one-line error
     where there is none, and one that says so where it is a checkpoint file."""
@@ -177,6 +194,4 @@ def existing_run_dir(path: str | Path) -> Path:
                        "evaluate and serve take a checkpoint file in it with --weights)")
     if not run_dir.is_dir():
         raise NMTError(f"checkpoint directory not found: {run_dir}")
-    if not (run_dir / "config.yaml").is_file():
-        raise NMTError(f"no config.yaml in {run_dir}: is it a training run directory?")
     return run_dir

@@ -25,7 +25,7 @@ import torch
 from ctranslate2.specs import TransformerSpec
 from torch import nn
 
-from nmt.config import Config, existing_run_dir, load_config
+from nmt.config import Config, load_config, run_config
 from nmt.data.tokenizer import Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError
@@ -133,10 +133,10 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     """Convert ``run_dir`` into a CTranslate2 model in ``out``, with our SentencePiece model
     and config beside it (all ``nmt translate --engine ctranslate2`` needs). ``weights``: a
     checkpoint file of the run, as translate's (default: the run's final weights)."""
-    run_dir, out = existing_run_dir(run_dir), Path(out)
+    run_dir, out = Path(run_dir), Path(out)
     if quantization not in QUANTIZATIONS:
         raise NMTError(f"unknown quantization '{quantization}'; choose one of: {', '.join(QUANTIZATIONS)}")
-    check_exportable(load_config(run_dir / "config.yaml"))
+    check_exportable(run_config(run_dir))
     check_export_target(out)
     translator = Translator.from_run_dir(run_dir, "cpu", weights)
     RunConverter(translator).convert(str(out), quantization=quantization, force=True)

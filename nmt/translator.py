@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.config import Config, existing_run_dir, load_config
+from nmt.config import Config, run_config
 from nmt.data.batching import PairDataset
 from nmt.data.module import decoding_loader
 from nmt.data.tokenizer import Tokenizer
@@ -132,8 +132,7 @@ def load_run(run_dir: str | Path, device: torch.device, weights: str | Path | No
              ) -> tuple[torch.nn.Module, Tokenizer, Config, Path]:
     """A run directory's model (on ``device``, with the weights ``find_checkpoint`` picks),
     tokenizer and config, and the weights file."""
-    run_dir = existing_run_dir(run_dir)
-    config = load_config(run_dir / "config.yaml")
+    config, run_dir = run_config(run_dir), Path(run_dir)
     tokenizer = Tokenizer(run_dir / "spm.model")
     model = build_model(config.model, len(tokenizer))
     path = find_checkpoint(run_dir, weights)
@@ -156,13 +155,13 @@ def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],
     if weights is not None and Path(weights).name != str(weights):
         raise NMTError(f"--weights {weights} with --ensemble names a file in each run (e.g. "
                        "averaged.ckpt), not a path")
-    config = load_config(existing_run_dir(run_dir) / "config.yaml")
+    config = run_config(run_dir)
     pair = (config.data.src_lang, config.data.tgt_lang)
     vocabulary = Tokenizer(Path(run_dir) / "spm.model").vocabulary()
     for other in ensemble:
         if (Path(other) / "model.bin").is_file():
             raise NMTError(f"{other} is a CTranslate2 export: --ensemble takes training runs")
-        other_config = load_config(existing_run_dir(other) / "config.yaml")
+        other_config = run_config(other)
         find_checkpoint(Path(other), weights)
         if (other_config.data.src_lang, other_config.data.tgt_lang) != pair:
             raise NMTError(f"cannot ensemble {other} ({other_config.data.src_lang}->"

@@ -63,7 +63,7 @@ def bench_decoding(translator: Translator, lines: list[str], refs: list[str], pa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("run", help="run directory of an RNN with additive attention")
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--precision", default="32-true")

@@ -18,7 +18,7 @@ from nmt.translator import Translator
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("run", help="run directory (best.ckpt, config.yaml, spm.model)")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--budgets", default="8000,4000,1600", help="decoding token budgets")

@@ -21,7 +21,7 @@ from nmt.translator import Translator
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("run", help="run directory (best.ckpt, config.yaml, spm.model)")
     parser.add_argument("--margins", default="none,3,2", help="prune margins in nats; none: full beam")
     parser.add_argument("--beam", type=int, default=5)

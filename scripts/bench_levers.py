@@ -95,7 +95,7 @@ def real_batches(cfg: Config, count: int) -> tuple[PreparedData, list[Batch]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("config")
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--rounds", type=int, default=3, help="passes per variant, in turn; "

@@ -28,7 +28,7 @@ def translate_in_chunks(translator: Translator, lines: list[str], size: int, bea
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("run", help="run directory (config.yaml, spm.model, checkpoints)")
     parser.add_argument("--copies", type=int, default=10, help="times the test split is repeated")
     parser.add_argument("--chunks", default="100,1000,10000", help="--buffer-lines values")

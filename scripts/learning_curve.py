@@ -25,7 +25,7 @@ def curve(run_dir: Path) -> tuple[list[float], list[float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--out", default="learning_curve.png")
     args = parser.parse_args()

@@ -112,7 +112,7 @@ def summarise(records: list, wall: float, expected: dict[int, str]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--checkpoint", required=True, help="the run (or export) being served")
     parser.add_argument("--input", required=True, help="source sentences, one per line (.gz ok)")

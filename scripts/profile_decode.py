@@ -20,7 +20,7 @@ from nmt.translator import Translator
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("run", help="run directory (best.ckpt, config.yaml, spm.model)")
     parser.add_argument("--precision", default="auto", help="auto, 32-true or bf16-mixed")
     parser.add_argument("--beam", default="1,5", help="comma-separated beam sizes")

@@ -23,7 +23,7 @@ MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addm
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("config")
     parser.add_argument("--steps", type=int, default=6, help="profiled steps (plus a warm-up)")
     parser.add_argument("--rows", type=int, default=18, help="operators shown")

@@ -16,7 +16,7 @@ import sys
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--out", default="docs/serve_screenshot.png")
     parser.add_argument("--text", default="Ein Hund läuft durch den Schnee.")

@@ -379,7 +379,7 @@ def test_undecodable_input_names_the_file_and_line(run, tmp_path, capsys):
     assert capsys.readouterr().err == f"error: {source}, line 2: not valid UTF-8 (byte 5)\n"
 
 
-@pytest.mark.parametrize("command", [["translate"], ["evaluate"], ["average"]])
+@pytest.mark.parametrize("command", [["translate"], ["evaluate"], ["export", "--out", "x.ct2"]])
 def test_a_folder_that_is_not_a_run_is_named_as_such(tmp_path, capsys, command):
     """--checkpoint data (a folder, but no run's): the error said "config file not found"."""
     assert main([*command, "--checkpoint", str(tmp_path)]) == 1
@@ -681,6 +681,17 @@ def test_a_config_file_that_is_not_a_mapping_of_utf8_yaml_is_one_line(tmp_path, 
     assert main(["train", "--config", str(tmp_path / "bad.yaml")]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("option, message", [
+    ("data.train_files=tr.de", "data.train_files takes a list: data.train_files=[a,b] on the "
+                               "command line, [a, b] in YAML"),  # was OmegaConf's AnyNode jargon
+    ("data.max_tokens=abc", "data.max_tokens: Value 'abc' of type 'str' could not be converted"),
+    ("data.bogus=1", "data.bogus: Key 'bogus' not in 'DataConfig'"),
+])
+def test_a_bad_option_names_its_key(capsys, option, message):
+    assert main(["prepare", "--config", str(REPO / "configs/transformer.yaml"), option]) == 1
+    assert capsys.readouterr().err.startswith(f"error: bad config: {message}")
 
 
 def test_a_damaged_gzip_corpus_is_one_line(tmp_path, capsys):
