@@ -32,6 +32,11 @@ RESUMABLE_CHANGES = {
 }
 
 
+# Options named first where a run differs in several: another model family or language pair
+# is the plainest reason a run directory is not this run's.
+PLAINEST = ("model.family", "data.src_lang", "data.tgt_lang")
+
+
 def _flat(tree: dict, prefix: str = "") -> dict:
     """{"a": {"b": 1}} -> {"a.b": 1}"""
     out = {}
@@ -64,7 +69,7 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     # that was where the built-in default does otherwise.
     defaults = {**_flat(to_dict(Config())), **_flat(ADDED_SINCE)}
     before.update((key, defaults[key]) for key in now.keys() - before.keys() if key in defaults)
-    for key in sorted(before.keys() | now.keys()):
+    for key in sorted(before.keys() | now.keys(), key=lambda k: (k not in PLAINEST, k)):
         if key not in RESUMABLE_CHANGES and key.split(".")[0] != "decoding" \
                 and before.get(key) != now.get(key):
             raise NMTError(

@@ -19,7 +19,10 @@ import pytest
 import torch
 
 from nmt.cli import main
+from nmt.config import load_config
+from nmt.errors import NMTError
 from nmt.provenance import code_commit
+from nmt.resume import check_resumable
 
 from .conftest import REPO, tiny_train_args, write_corpus
 
@@ -171,6 +174,10 @@ def test_resume_with_a_trajectory_option_changed_is_an_error(corpus, tmp_path, c
         assert main(args(corpus, tmp_path) + change) == 1
         err = capsys.readouterr().err
         assert f"trained with {key}=" in err and err.count("\n") == 1, err
+    # Another family differs in many options: the error names the family.
+    with pytest.raises(NMTError, match="holds a run trained with model.family='transformer', "
+                                       "not 'rnn'"):
+        check_resumable(load_config(REPO / "configs" / "rnn_bahdanau.yaml"), tmp_path)
     # Budgets, validation cadence and decoding may change.
     assert main(args(corpus, tmp_path, "trainer.max_steps=2", "trainer.val_check_interval=1",
                      "decoding.beam_size=2")) == 0
