@@ -4,6 +4,7 @@ resume after interruption, DDP on two CPU processes, and bad input."""
 from __future__ import annotations
 
 import argparse
+import codecs
 import csv
 import gzip
 import json
@@ -341,6 +342,22 @@ def test_an_os_error_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr("nmt.average.average_run", refuse)
     assert main(["average", "--checkpoint", "/runs/x"]) == 1
     assert capsys.readouterr().err == "error: /runs/x/averaged.ckpt: Permission denied\n"
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    """A file saved with a UTF-8 byte-order mark (Windows editors write one): a reference's
+    first line kept it, and a perfect translation then scored BLEU 69 on two lines, not 100."""
+    from nmt.data.corpus import read_pairs
+    from nmt.metrics import score_corpus
+
+    bom = codecs.BOM_UTF8
+    (tmp_path / "src").write_bytes(bom + b"ein Hund l\xc3\xa4uft .\nzwei Katzen .\n")
+    (tmp_path / "ref").write_bytes(bom + b"a dog runs .\ntwo cats .\n")
+    src, ref = next(read_pairs((str(tmp_path / "src"), str(tmp_path / "ref"))))
+    assert src == ["ein Hund läuft .", "zwei Katzen ."] and ref == ["a dog runs .", "two cats ."]
+    assert score_corpus(["a dog runs .", "two cats ."], ref)["bleu"] == 100.0
+    with open(tmp_path / "src", "rb") as stream:  # translate's input
+        assert list(input_chunks(stream, 10)) == [["ein Hund läuft .", "zwei Katzen ."]]
 
 
 def test_input_may_be_a_pipe(tmp_path):

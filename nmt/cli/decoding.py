@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import signal
 import sys
@@ -109,6 +110,8 @@ def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[l
     chunk = []
     try:
         for number, raw in enumerate(stream, start=1):  # split on \n only, as files are written
+            if number == 1:  # a byte-order mark is not text
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             try:
                 chunk.append(raw.removesuffix(b"\n").decode("utf-8").rstrip("\r"))
             except UnicodeDecodeError as err:

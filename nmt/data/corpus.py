@@ -17,6 +17,7 @@ readers that split on those would silently shift every later pair by one.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import itertools
 import re
@@ -131,6 +132,8 @@ def read_lines(path: str) -> Iterator[list[str]]:
     done, rest = 0, b""
     for block in itertools.chain(read_blocks(path), [b""]):  # b"": the end, takes the rest
         data = rest + block
+        if done == 0:  # a byte-order mark (Windows editors write one) is not text of line 1
+            data = data.removeprefix(codecs.BOM_UTF8)
         cut = len(data) if not block else data.rfind(b"\n") + 1  # whole lines only
         data, rest = data[:cut], data[cut:]
         lines = _decode_lines(path, data, done)
