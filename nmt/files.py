@@ -33,6 +33,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         except (RuntimeError, OSError):  # by Python version
             raise NMTError(f"cannot write {path}: a loop of symbolic links") from None
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    if file := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
+        raise NMTError(f"cannot write {path}: {file} is a file, not a folder")  # mkdir: "exists"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp

@@ -404,6 +404,16 @@ def test_a_folder_that_is_not_a_run_is_named_as_such(tmp_path, capsys, command):
                                        "run directory?\n")
 
 
+def test_output_under_a_file_names_that_file(run, tmp_path, capsys):
+    """--output in.de/out.en, in.de a file: the error said "File exists"."""
+    source = tmp_path / "in.de"
+    source.write_text("haus\n")
+    assert main(["translate", "--checkpoint", str(run), "--input", str(source),
+                 "--output", str(source / "sub" / "out.en")]) == 1
+    assert capsys.readouterr().err == (f"error: cannot write {source / 'sub' / 'out.en'}: "
+                                       f"{source} is a file, not a folder\n")
+
+
 def test_output_naming_the_input_file_is_an_error_that_keeps_it(run, tmp_path, capsys, monkeypatch):
     """--output in.de with --input in.de (or the same file by another path) replaced the
     source text with its translations, silently."""
