@@ -1,4 +1,4 @@
-"""Lightning callbacks of a training run: an EMA of the weights, the end of a step budget,
+"""Lightning callbacks of a training run: an EMA of the weights, the end of a budget,
 checkpoints and early stopping that resume as the run was (moved, or with a new patience),
 and dropout chosen by the epochs the budget buys."""
 

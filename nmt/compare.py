@@ -129,9 +129,12 @@ def check_cell_names(preset: str, cells: list[Cell]) -> None:
     folders: two groups with a variant of the same name and scorer would share one."""
     seen: dict[str, Cell] = {}
     for cell in cells:
-        if (other := seen.setdefault(cell.name, cell)) is not cell:
-            raise NMTError(f"preset {preset}: groups {other.group} and {cell.group} both make cell "
-                           f"{cell.name} (variant {cell.variant}): name their variants apart")
+        if (other := seen.setdefault(cell.name, cell)) is cell:
+            continue
+        if other.group == cell.group:
+            raise NMTError(f"preset {preset}: group {cell.group} lists cell {cell.name} twice")
+        raise NMTError(f"preset {preset}: groups {other.group} and {cell.group} both make cell "
+                       f"{cell.name} (variant {cell.variant}): name their variants apart")
 
 
 def cell_overrides(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]) -> list[str]:
@@ -173,13 +176,18 @@ def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
     return hashlib.sha1(text.encode()).hexdigest()[:12], resolved
 
 
-def recorded_as_asked(record: dict, cfg: CompareConfig) -> bool:
-    """Whether a cell's record was decoded as ``cfg`` asks now: at its beam, with the pictures
-    of its plot_sentences. The key covers training alone: a record of other decoding options
-    is decoded anew from its run (which the key still names)."""
+def scored_as_asked(record: dict, cfg: CompareConfig) -> bool:
+    """Whether a cell's record was scored at the beam ``cfg`` asks now. The key covers
+    training alone: a record of another beam is decoded anew from its run (which the key still
+    names), and left out of the tables until then."""
+    return record["scores"].get("beam") == cfg.beam
+
+
+def pictured_as_asked(record: dict, cfg: CompareConfig) -> bool:
+    """Whether a cell's record holds the pictures of the plot_sentences ``cfg`` asks now (its
+    scores do not depend on them: the tables keep it; a study that trains decodes it anew)."""
     lines = [i for i in cfg.plot_sentences if i < record["scores"]["sentences"]]
-    return (record["scores"].get("beam") == cfg.beam
-            and [picture.get("line") for picture in record["pictures"]] == lines)
+    return [picture.get("line") for picture in record["pictures"]] == lines
 
 
 def train_cell(cell: Cell, config_file: str, overrides: list[str], run_dir: Path) -> None:
@@ -248,7 +256,7 @@ def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: l
         key, resolved = cell_key(config_file, overrides)
         record_dir = out / "cells" / cell.name
         if (record := read_record(record_dir)) is not None and record["key"] == key \
-                and recorded_as_asked(record, cfg):
+                and scored_as_asked(record, cfg) and pictured_as_asked(record, cfg):
             print(f"  {cell.name}: recorded already, reused", flush=True)
             continue
         run_dir = runs / f"{cell.name}-{key}"

@@ -19,7 +19,7 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 from scipy.stats import ttest_rel
 
-from nmt.compare import Cell, CompareConfig, cell_key, cell_overrides, cells_of, recorded_as_asked
+from nmt.compare import Cell, CompareConfig, cell_key, cell_overrides, cells_of, scored_as_asked
 from nmt.config import load_config
 from nmt.data.corpus import load_corpus
 from nmt.files import write_atomic
@@ -31,13 +31,13 @@ from nmt.study_figures import draw_figures
 def current_records(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | None = None,
                     seeds: int | None = None) -> dict[Cell, dict]:
     """Records of the preset's cells (with the command line's ``extra`` options and ``seeds``)
-    whose key still matches their resolved configuration, decoded as ``cfg`` asks now."""
+    whose key still matches their resolved configuration, scored at the beam ``cfg`` asks."""
     found = {}
     for cell in cells_of(cfg, preset, seeds):
         record = read_record(out / "cells" / cell.name)
         if record is not None:
             key, _ = cell_key(cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra or []))
-            if record["key"] == key and recorded_as_asked(record, cfg):
+            if record["key"] == key and scored_as_asked(record, cfg):
                 record["hyps"] = read_hypotheses(out / "cells" / cell.name,
                                                  record["scores"]["sentences"])
                 found[cell] = record

@@ -101,11 +101,11 @@ def quiet_lightning_noise() -> None:
 
 
 def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
-    """best.ckpt, last.ckpt, the step budget, and the options' callbacks (early stopping,
-    weight EMA, the last N checkpoints kept, dropout by the budget's epochs)."""
+    """best.ckpt, last.ckpt, the end of the budget, and the options' callbacks (early
+    stopping, weight EMA, the last N checkpoints kept, dropout by the budget's epochs)."""
     t = config.trainer
     # Checkpoints and early stopping act after each validation (once per epoch, or every
-    # trainer.val_check_interval batches): patience counts validations.
+    # trainer.val_check_interval batches, and at the budget's end): patience counts validations.
     metric = t.best_metric
     callbacks: list[L.Callback] = [
         RunCheckpoint(

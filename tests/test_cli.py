@@ -404,6 +404,17 @@ def test_a_folder_that_is_not_a_run_is_named_as_such(tmp_path, capsys, command):
                                        "run directory?\n")
 
 
+def test_a_terminal_for_input_and_output_is_not_the_output_replacing_the_input():
+    """--input /dev/stdin --output /dev/stdout in a terminal: one file (the terminal), written
+    in place, not replaced; only a regular file named for both is refused."""
+    from nmt.cli.decoding import check_output_is_not_input
+
+    _, terminal = os.openpty()
+    path = f"/proc/self/fd/{terminal}"
+    check_output_is_not_input(path, path)  # no error
+    os.close(terminal)
+
+
 def test_output_under_a_file_names_that_file(run, tmp_path, capsys):
     """--output in.de/out.en, in.de a file: the error said "File exists"."""
     source = tmp_path / "in.de"
@@ -573,6 +584,9 @@ def test_translate_takes_the_runs_nbest_unless_given(run, tmp_path, capsys):
         ids, width = fields
         assert ([row[0] for row in rows] if width == 4 else len(rows)) == ids
         assert {len(row) for row in rows} == {width}
+    assert main(["translate", "--checkpoint", str(copy), "--input", str(source), "--beam", "1"]) == 1
+    assert capsys.readouterr().err == ("error: the run's decoding.nbest 2 is more than the beam 1: "
+                                       "give --nbest (1 for one translation a line)\n")
 
 
 def test_output_to_a_directory_is_an_error(run, tmp_path, capsys):

@@ -172,6 +172,11 @@ def test_a_record_of_other_decoding_options_is_decoded_anew(study, tmp_path, cap
     assert main(["compare", "--config", str(changed), "--preset", "b", "--out", str(tmp_path / "b"),
                  "--runs", str(folder / "runs" / "b")]) == 0
     assert "rnn_additive_seed1: recorded already, reused" in capsys.readouterr().out
+    # Other pictured lines alone leave the scores as they are: the tables keep the cell.
+    changed.write_text(yaml.safe_dump({**config, "beam": 2, "plot_sentences": [0]}))
+    assert main(["compare", "--config", str(changed), "--preset", "b", "--out", str(tmp_path / "b"),
+                 "--runs", str(tmp_path / "no runs"), "--tables-only"]) == 0
+    assert ("main", "rnn", "additive", "base") in read_rows(tmp_path / "b")
 
 
 def test_cells_train_in_parallel_into_their_own_records(study, capsys):
@@ -305,6 +310,12 @@ def test_two_groups_making_one_cell_name_are_an_error(study, tmp_path, capsys):
     assert err == ("error: preset c: groups short and long both make cell rnn_additive_big_seed1 "
                    "(variant big): name their variants apart\n")
     assert not (tmp_path / "runs").exists()
+    config["presets"]["c"] = {"groups": {"main": {"attentions": {"rnn": ["additive", "additive"]}}}}
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    assert main(["compare", "--config", str(path), "--preset", "c", "--out", str(tmp_path / "c"),
+                 "--runs", str(tmp_path / "runs")]) == 1
+    assert capsys.readouterr().err == ("error: preset c: group main lists cell "
+                                       "rnn_additive_seed1 twice\n")
 
 
 def test_cost_is_benched_with_the_command_lines_options_as_the_cells(study, monkeypatch, capsys):
@@ -352,7 +363,8 @@ def test_committed_study_records_still_match_their_cells():
         overrides = compare.cell_overrides(cfg, "study", cell, [])
         key, _ = compare.cell_key(str(REPO / cfg.families[cell.family]), overrides)
         assert key == record["key"], f"{record['name']}: its configuration changed"
-        assert compare.recorded_as_asked(record, cfg), f"{record['name']}: decoded otherwise"
+        assert compare.scored_as_asked(record, cfg) and compare.pictured_as_asked(record, cfg), \
+            f"{record['name']}: decoded otherwise"
 
 
 def test_the_committed_study_names_where_each_cell_ran_as_the_code_tables_it(monkeypatch):

@@ -166,6 +166,10 @@ def cmd_translate(args: argparse.Namespace) -> None:
     translator = open_translator(args, sentences=args.buffer_lines)
     if args.nbest is None:
         args.nbest = translator.config.decoding.nbest
+        beam = args.beam or translator.config.decoding.beam_size
+        if args.nbest > beam:
+            raise NMTError(f"the run's decoding.nbest {args.nbest} is more than the beam {beam}: "
+                           "give --nbest (1 for one translation a line)")
     if args.plot_attention is not None:
         check_plot_options(translator, args)
     first = 1  # the input's number of the chunk's first line
@@ -178,8 +182,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
 def check_output_is_not_input(source: str | None, output: str | None) -> None:
     """The translations would replace the text they translate: a one-line error instead."""
-    if source and output and os.path.exists(output) and os.path.exists(source) \
-            and os.path.samefile(output, source):  # a link to it too
+    if source and output and os.path.isfile(output) and os.path.isfile(source) \
+            and os.path.samefile(output, source):  # a link to it too; not /dev/stdin -> stdout
         raise NMTError(f"--output {output} is the input file: its text would be replaced by "
                        "the translations; name another file")
 

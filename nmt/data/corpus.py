@@ -132,8 +132,6 @@ def read_lines(path: str) -> Iterator[list[str]]:
     done, rest = 0, b""
     for block in itertools.chain(read_blocks(path), [b""]):  # b"": the end, takes the rest
         data = rest + block
-        if done == 0:  # a byte-order mark (Windows editors write one) is not text of line 1
-            data = data.removeprefix(codecs.BOM_UTF8)
         cut = len(data) if not block else data.rfind(b"\n") + 1  # whole lines only
         data, rest = data[:cut], data[cut:]
         lines = _decode_lines(path, data, done)
@@ -143,17 +141,22 @@ def read_lines(path: str) -> Iterator[list[str]]:
 
 
 def read_blocks(path: str) -> Iterator[bytes]:
-    """The bytes of a file (``.gz`` decompressed), in blocks of ``CHUNK_BYTES``."""
+    """The bytes of a file (``.gz`` decompressed), in non-empty blocks of up to
+    ``CHUNK_BYTES``, less a UTF-8 byte-order mark at its start (Windows editors write one: it
+    is not text of the first line)."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as f:
-        while True:
+        for number in itertools.count():
             try:
                 block = f.read(CHUNK_BYTES)
             except (EOFError, gzip.BadGzipFile, zlib.error) as err:  # truncated or not gzip
                 raise NMTError(f"{path}: damaged gzip file ({err})") from None
             if not block:
                 return
-            yield block
+            if number == 0:
+                block = block.removeprefix(codecs.BOM_UTF8)
+            if block:
+                yield block
 
 
 def line_count(path: str) -> int:
