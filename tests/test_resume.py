@@ -418,7 +418,7 @@ def test_a_run_that_spent_its_time_budget_says_so_and_a_larger_one_trains_on(cor
     assert main(args(corpus, tmp_path, "--max-time", "00:00:02", *slow)) == 0
     said = capsys.readouterr().out.splitlines()[0]
     assert said.startswith("nothing to train: the run has trained for 0:00:0") and said.endswith(
-        " of its --max-time 00:00:02 (every segment counts, validation in it too): raise it "
+        " of its --max-time 00:00:02 (its segments run with one count, validations too): raise it "
         "to train on"), said
     assert checkpoint(tmp_path)["global_step"] == steps
     assert main(args(corpus, tmp_path, "--max-time", "00:00:05", *slow)) == 0
