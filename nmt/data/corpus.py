@@ -208,6 +208,7 @@ def _file_pairs(src_path: str, tgt_path: str) -> Iterator[tuple[list[str], list[
 
 
 def check_same_length(src_path: str, tgt_path: str, src_lines: int, tgt_lines: int) -> None:
+    """A one-line error where a corpus' two sides differ in length: pairs would not align."""
     if src_lines != tgt_lines:
         raise NMTError(f"{src_path} has {src_lines} lines but {tgt_path} has {tgt_lines}; "
                        "the two sides of a corpus must align line by line")
