@@ -167,7 +167,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
     if args.nbest is None:
         args.nbest = translator.config.decoding.nbest
         beam = args.beam or translator.config.decoding.beam_size
-        if args.nbest > beam:
+        if 1 <= beam < args.nbest:  # a beam below 1 is decoding_options' error
             raise NMTError(f"the run's decoding.nbest {args.nbest} is more than the beam {beam}: "
                            "give --nbest (1 for one translation a line)")
     if args.plot_attention is not None:
