@@ -95,7 +95,8 @@ def out_of_patience(checkpoint: dict, patience: int) -> tuple[int, int] | None:
 def time_spent(checkpoint: dict, budget: str | None) -> float | None:
     """The seconds the run of ``checkpoint`` has trained where they reach ``budget``
     (DD:HH:MM:SS, as Lightning's Timer takes it), else None: the Timer counts the training of
-    every segment, validations during it included, so the same budget again trains nothing."""
+    the segments that ran with one, validations during it included, so the same budget again
+    trains nothing."""
     timer = checkpoint.get("callbacks", {}).get("Timer")
     if budget is None or not isinstance(timer, dict):
         return None
