@@ -28,6 +28,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_only
 from nmt.config import DECODING_PRECISIONS
 from nmt.data.tokenizer import BOS, UNK
 from nmt.errors import NMTError
+from nmt.models import check_model_config
 from nmt.models.base import select_rows
 
 CACHE = Path(os.environ.get("NMT_CACHE_DIR", Path.home() / ".cache" / "nmt")) / "precision.json"
@@ -64,12 +65,11 @@ def _cpuinfo() -> dict[str, str]:
 
 
 def probe_shapes(model_cfg: dict, vocab_size: int, tokens: int = 512) -> list[tuple[int, int, int]]:
-    """The (M, K, N) matmuls that dominate a training step of this model: a projection, the
-    feed-forward (or recurrent) layer and the output layer, over ``tokens`` rows (a quarter of
-    a batch keeps the probe short; oneDNN's speed ratio hardly changes with M)."""
-    d = int(model_cfg.get("d_model") or model_cfg.get("hidden_size") or 512)
-    ff = int(model_cfg.get("ff_dim") or 3 * d)  # RNN: the three GRU gates
-    return [(tokens, d, d), (tokens, d, ff), (tokens, d, vocab_size)]
+    """The (M, K, N) matmuls that dominate a training step of this model, over ``tokens``
+    rows (a quarter of a batch keeps the probe short; oneDNN's speed ratio hardly changes
+    with M): each family names its own (``typical_matmuls``), from the config or its defaults."""
+    cls, options = check_model_config(model_cfg)
+    return cls.typical_matmuls(options, vocab_size, tokens)
 
 
 def _seconds(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -86,8 +86,21 @@ def test_training_precision_uses_the_model_shapes(cache, monkeypatch, capsys):
     config = load_config("configs/rnn_bahdanau.yaml", ["trainer.precision=auto"])
     choice = precision.training_precision(config)
     assert choice.precision == "bf16-mixed"
-    assert calls[0] == [(512, 512, 512), (512, 512, 1536), (512, 512, 8000)]
+    # The decoder cell's gates over [y (256); c (512)], the output layer tied to the 256-dim embedding.
+    assert calls[0] == [(512, 512, 512), (512, 768, 1536), (512, 256, 8000)]
     assert "precision: bf16-mixed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model, shapes", [
+    # Sizes the config leaves out are the family's defaults (d_model 256, ff_dim 1024), not 512.
+    ({"family": "transformer"}, [(512, 256, 256), (512, 256, 1024), (512, 256, 100)]),
+    ({"family": "transformer", "d_model": 64, "ff_dim": 128},
+     [(512, 64, 64), (512, 64, 128), (512, 64, 100)]),
+    ({"family": "rnn", "rnn_type": "lstm", "emb_dim": 32, "hidden_size": 64},
+     [(512, 64, 64), (512, 96, 256), (512, 32, 100)]),
+])
+def test_probe_shapes_are_the_models_own(model, shapes):
+    assert precision.probe_shapes(model, vocab_size=100) == shapes
 
 
 @pytest.mark.parametrize("trainer, decoding, given, bf16_time, chosen", [

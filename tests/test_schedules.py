@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import lightning as L
@@ -13,6 +14,7 @@ from nmt.callbacks import DropoutForBudget
 from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
+from nmt.models import check_model_config
 from nmt.schedules import budget_horizon, steps_per_epoch, warmup_cosine
 from nmt.training import train
 
@@ -153,6 +155,18 @@ def test_early_stopping_waits_its_patience_and_0_trains_to_the_budget(tmp_path, 
     assert json.loads((run / "train_stats.json").read_text())["epochs"] == epochs
 
 
+@pytest.mark.parametrize("model, message", [
+    ({"family": "rnn", "hidden_size": 63}, "model.hidden_size must be even (the encoder's two "
+     "directions split it), got 63"),
+    ({"family": "transformer", "d_model": 63, "heads": 3}, "model.d_model must be even"),
+    ({"family": "rnn", "encoder_layers": False}, "model.encoder_layers must be int, got False"),
+])
+def test_odd_sizes_and_booleans_for_sizes_are_refused_before_a_model_is_built(model, message):
+    """An odd d_model crashed in the sinusoids with a traceback; ``heads: true`` built one head."""
+    with pytest.raises(NMTError, match=re.escape(message)):
+        check_model_config(model)
+
+
 @pytest.mark.parametrize("option, message", [
     ("trainer.early_stopping_patience=-1",
      "trainer.early_stopping_patience -1: give the validations to wait, or 0"),
@@ -174,6 +188,9 @@ def test_early_stopping_waits_its_patience_and_0_trains_to_the_budget(tmp_path, 
     ("data.max_len=600", "data.max_len 600 must be below the model's max_positions 512"),
     ("model.d_model=0", "model.d_model must be at least 1, got 0"),
     ("model.heads=3", "model.heads 3 must divide model.d_model 32"),
+    ("model.d_model=33 model.heads=3", "model.d_model must be even (the sinusoidal positions pair"),
+    ("model.heads=true", "model.heads must be int, got True"),
+    ("model.dropout=true", "model.dropout must be float, got True"),
     ("model.dropout=1.5", "model.dropout must be in [0, 1), got 1.5"),
     ("data.max_tokens=0", "data.max_tokens must be at least 1, got 0"),
     ("data.max_len=0", "data.max_len must be at least 1, got 0"),

@@ -9,10 +9,15 @@ from torch import nn
 
 from nmt.attention import SCORERS
 from nmt.errors import NMTError
+from nmt.models.base import model_option
 from nmt.models.rnn import RNNModel
 from nmt.models.transformer import TransformerModel
 
 MODELS: dict[str, type[nn.Module]] = {"rnn": RNNModel, "transformer": TransformerModel}
+
+# Size options that must be even, and why.
+EVEN_OPTIONS = {"d_model": "the sinusoidal positions pair a sine with a cosine",
+                "hidden_size": "the encoder's two directions split it"}
 
 
 def check_model_config(model_cfg: dict[str, Any]) -> tuple[type[nn.Module], dict[str, Any]]:
@@ -34,18 +39,18 @@ def check_model_config(model_cfg: dict[str, Any]) -> tuple[type[nn.Module], dict
         if key not in valid:
             raise NMTError(f"unknown model option '{key}' for {family}; valid: {', '.join(valid)}")
         expected = type(params[key].default)
-        if not isinstance(value, expected) and not (expected is float and isinstance(value, int)):
+        # isinstance(True, int) holds, so a boolean would pass for a size ("heads: true" -> 1).
+        wrong_type = not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool)
+        if wrong_type and not (expected is float and type(value) is int):
             raise NMTError(f"model.{key} must be {expected.__name__}, got {value!r}")
         check_model_value(key, value, expected)
+    for key, why in EVEN_OPTIONS.items():
+        if key in params and model_option(cls, kwargs, key) % 2:
+            raise NMTError(f"model.{key} must be even ({why}), got {model_option(cls, kwargs, key)}")
     if "heads" in params and model_option(cls, kwargs, "d_model") % model_option(cls, kwargs, "heads"):
         raise NMTError(f"model.heads {model_option(cls, kwargs, 'heads')} must divide model.d_model "
                        f"{model_option(cls, kwargs, 'd_model')}")
     return cls, kwargs
-
-
-def model_option(cls: type[nn.Module], kwargs: dict[str, Any], name: str) -> Any:
-    """The value of the family's constructor argument ``name``: given, or its default."""
-    return kwargs.get(name, inspect.signature(cls).parameters[name].default)
 
 
 def check_model_value(key: str, value: Any, expected: type) -> None:

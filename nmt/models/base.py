@@ -24,10 +24,16 @@ the queries to all slots where it attends (``beams_as_queries``) and takes its r
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from torch import Tensor
+from torch import Tensor, nn
+
+
+def model_option(cls: type[nn.Module], options: dict[str, Any], name: str) -> Any:
+    """The value of the family's constructor argument ``name``: given, or its default."""
+    return options.get(name, inspect.signature(cls).parameters[name].default)
 
 
 @dataclass(frozen=True)

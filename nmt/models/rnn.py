@@ -23,7 +23,7 @@ from nmt.data.tokenizer import PAD
 from nmt.dropout import Dropout
 from nmt.errors import NMTError
 from nmt.models.autocast import in_autocast_dtype
-from nmt.models.base import Beams, beam_rows, beams_as_queries
+from nmt.models.base import Beams, beam_rows, beams_as_queries, model_option
 
 RNN_TYPES = {"gru": (nn.GRU, nn.GRUCell), "lstm": (nn.LSTM, nn.LSTMCell)}
 # "scaled": embeddings drawn from N(0, 1/E) and multiplied by sqrt(E) on the way in, as in the
@@ -51,8 +51,6 @@ class RNNModel(nn.Module):
                            f"{', '.join(EMBED_INITS)}")
         if rnn_type not in RNN_TYPES:
             raise NMTError(f"unknown rnn_type '{rnn_type}'; choose one of: {', '.join(RNN_TYPES)}")
-        if hidden_size % 2:
-            raise NMTError(f"hidden_size must be even (two encoder directions), got {hidden_size}")
         rnn, cell = RNN_TYPES[rnn_type]
         self.is_lstm = rnn_type == "lstm"
         self.max_positions = max_positions
@@ -72,6 +70,15 @@ class RNNModel(nn.Module):
         self.out_bias = nn.Parameter(torch.zeros(vocab_size))
         self.drop = Dropout(dropout)
         self._init_embedding(embed_init)
+
+    @classmethod
+    def typical_matmuls(cls, options: dict, vocab_size: int, tokens: int) -> list[tuple[int, int, int]]:
+        """The (M, K, N) matmuls that dominate a training step over ``tokens`` rows: the
+        attention's projection, the decoder cell's gates over [y; c] and the output layer,
+        tied to the embedding (what ``auto`` precision times)."""
+        emb, hidden = model_option(cls, options, "emb_dim"), model_option(cls, options, "hidden_size")
+        gates = 4 if model_option(cls, options, "rnn_type") == "lstm" else 3
+        return [(tokens, hidden, hidden), (tokens, emb + hidden, gates * hidden), (tokens, emb, vocab_size)]
 
     def _init_embedding(self, embed_init: str) -> None:
         """The output layer is tied to the embedding, so the embedding's scale is the initial

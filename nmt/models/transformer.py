@@ -24,7 +24,7 @@ from nmt.attention import MultiHeadAttention
 from nmt.data.tokenizer import PAD
 from nmt.dropout import Dropout
 from nmt.models.autocast import in_autocast_dtype
-from nmt.models.base import Beams, beam_rows, beams_as_queries
+from nmt.models.base import Beams, beam_rows, beams_as_queries, model_option
 from nmt.models.cache import SelfAttentionCache, batch_major
 
 
@@ -152,6 +152,13 @@ class TransformerModel(nn.Module):
         # Pre-norm stacks end un-normalised, so each gets a final norm (identity for post-norm).
         self.enc_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+
+    @classmethod
+    def typical_matmuls(cls, options: dict, vocab_size: int, tokens: int) -> list[tuple[int, int, int]]:
+        """The (M, K, N) matmuls that dominate a training step over ``tokens`` rows: a
+        projection, the feed-forward layer and the output layer (what ``auto`` precision times)."""
+        d, ff = model_option(cls, options, "d_model"), model_option(cls, options, "ff_dim")
+        return [(tokens, d, d), (tokens, d, ff), (tokens, d, vocab_size)]
 
     def set_dropout(self, p: float) -> None:
         """The residual and embedding dropout (``dropout``) from now on; attention and
