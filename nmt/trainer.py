@@ -45,13 +45,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def max_time(value: str | None) -> str | None:
-    """Accept HH:MM:SS (or DD:HH:MM:SS, Lightning's own form)."""
+    """HH:MM:SS (or DD:HH:MM:SS) in the form Lightning's Timer takes, DD:HH:MM:SS with two
+    digits a field: "1:00:00" and "0:90:00" are one hour and an hour and a half."""
     if value is None:
         return None
     parts = value.split(":")
     if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
         raise NMTError(f"--max-time must be HH:MM:SS, got '{value}'")
-    return ":".join(["00"] * (4 - len(parts)) + parts)
+    days, hours, minutes, seconds = map(int, [0] * (4 - len(parts)) + parts)
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    days, rest = divmod(total, 86400)
+    return f"{days:02d}:{rest // 3600:02d}:{rest // 60 % 60:02d}:{rest % 60:02d}"
 
 
 class _DropTip(logging.Filter):

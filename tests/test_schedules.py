@@ -16,6 +16,7 @@ from nmt.config import load_config
 from nmt.errors import NMTError
 from nmt.models import check_model_config
 from nmt.schedules import budget_horizon, steps_per_epoch, warmup_cosine
+from nmt.trainer import max_time
 from nmt.training import train
 
 from .conftest import tiny_model, tiny_train_args, write_corpus
@@ -153,6 +154,18 @@ def test_early_stopping_waits_its_patience_and_0_trains_to_the_budget(tmp_path, 
     assert main([*tiny_train_args(files, run, tmp_path / "data", epochs=4), "optim.lr=1e-12",
                  "trainer.best_metric=val_bleu", f"trainer.early_stopping_patience={patience}"]) == 0
     assert json.loads((run / "train_stats.json").read_text())["epochs"] == epochs
+
+
+@pytest.mark.parametrize("given, duration, seconds", [
+    ("00:30:00", "00:00:30:00", 1800),
+    ("1:00:00", "00:01:00:00", 3600),  # was "00:1:00:00", which Lightning's Timer refused
+    ("0:90:00", "00:01:30:00", 5400),
+    ("30:00:00", "01:06:00:00", 108000),
+    ("2:03:04:05", "02:03:04:05", 183845),
+])
+def test_max_time_takes_unpadded_and_overflowing_fields(given, duration, seconds):
+    assert max_time(given) == duration
+    assert Timer(duration=max_time(given))._duration == seconds
 
 
 @pytest.mark.parametrize("model, message", [
