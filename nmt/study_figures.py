@@ -55,10 +55,9 @@ def draw_cross(records: dict, cfg, line: int, path: Path) -> None:
     panels = []
     columns = max(sum(1 for c in records if c.family == f) for f in cfg.families) or 1
     for family in cfg.families:
-        mine = [(c, r) for c, r in records.items()
-                if c.family == family and picture_of(r, line) is not None]
-        for cell, record in mine:
-            picture = picture_of(record, line)
+        mine = [(c, picture) for c, r in records.items()
+                if c.family == family and (picture := picture_of(r, line)) is not None]
+        for cell, picture in mine:
             panels.append((f"{family} / {cell.attention}", torch.tensor(picture["cross"]),
                            picture["source"], picture["target"]))
         panels += [None] * ((-len(mine)) % columns)  # next family on a new row
