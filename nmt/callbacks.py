@@ -145,3 +145,9 @@ class DropoutForBudget(L.Callback):
                       f"more): {choice}", flush=True)
         if self.switched:
             module.model.set_dropout(self.long_dropout)
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        # A run resumed inside an epoch starts no epoch, so the decision restored from its
+        # checkpoint is applied here (before its first batch) as well.
+        if self.switched:
+            module.model.set_dropout(self.long_dropout)

@@ -82,6 +82,18 @@ def test_step_budget_inside_an_epoch_then_continue(corpus, straight, tmp_path, b
     assert all(s["device"].startswith("CPU: ") and s["precision"] for s in segments)
 
 
+def test_a_run_resumed_after_its_dropout_switch_keeps_the_long_run_dropout(corpus, tmp_path):
+    """Both budgets (2 epochs; 5 steps, 1.25 epochs) are long runs, so epoch 2 trains at the
+    long-run dropout 0.2. The run stopped inside epoch 2 resumes there, where Lightning starts
+    no epoch: it trained on at the model's 0.3 until the next epoch began, and its weights
+    left the uninterrupted run's."""
+    long_run = ("optim.long_run_dropout=0.2", "optim.long_run_epochs=1.2")
+    assert main(args(corpus, tmp_path / "straight", *long_run)) == 0
+    assert main(args(corpus, tmp_path / "cut", *long_run, "trainer.max_steps=5")) == 0
+    assert main(args(corpus, tmp_path / "cut", *long_run)) == 0
+    assert_same_weights(tmp_path / "cut", checkpoint(tmp_path / "straight"))
+
+
 def test_resume_from_a_checkpoint_without_segments_says_they_are_unknown(corpus, tmp_path):
     """Checkpoints written before segments were kept resume with an unknown first segment."""
     assert main(args(corpus, tmp_path, "trainer.max_steps=2")) == 0
