@@ -95,8 +95,9 @@ def out_of_patience(checkpoint: dict, patience: int) -> tuple[int, int] | None:
 def time_spent(checkpoint: dict, budget: str | None) -> float | None:
     """The seconds the run of ``checkpoint`` has trained where they reach ``budget``
     (DD:HH:MM:SS, as Lightning's Timer takes it), else None: the Timer counts the training of
-    the segments that ran with one, validations during it included, so the same budget again
-    trains nothing."""
+    every segment, validations during it included, so the same budget again trains nothing.
+    Segments trained before every run kept a Timer (2026-11-27) count only where they ran
+    with a budget."""
     timer = checkpoint.get("callbacks", {}).get("Timer")
     if budget is None or not isinstance(timer, dict):
         return None

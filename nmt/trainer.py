@@ -14,6 +14,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -121,6 +122,11 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
                       save_on_train_epoch_end=False),
         StopAtBudget(),
     ]
+    if t.max_time is None:
+        # The clock of a segment without --max-time: Lightning's own Timer (one comes with a
+        # budget) keeps the run's training time in every checkpoint, so a later --max-time
+        # counts this segment too instead of restarting from zero.
+        callbacks.append(Timer(duration=None))
     if t.early_stopping_patience > 0:
         callbacks.append(PatientEarlyStopping(monitor=metric, mode=BEST_METRICS[metric],
                                               patience=t.early_stopping_patience,

@@ -379,7 +379,7 @@ def nothing_to_train(config: Config, last: Path) -> bool:
                f"{t.early_stopping_patience} (raise it, or set 0, to train on)")
     elif (spent := time_spent(checkpoint, max_time(t.max_time))) is not None:
         why = (f"the run has trained for {datetime.timedelta(seconds=round(spent))} of its "
-               f"--max-time {t.max_time} (its segments run with one count, validations too): raise it "
+               f"--max-time {t.max_time} (every segment counts, validations too): raise it "
                "to train on")
     if why is not None and rank_zero_only.rank == 0:
         print(f"nothing to train: {why}", flush=True)

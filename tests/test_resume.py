@@ -430,8 +430,18 @@ def test_a_run_that_spent_its_time_budget_says_so_and_a_larger_one_trains_on(cor
     assert main(args(corpus, tmp_path, "--max-time", "00:00:02", *slow)) == 0
     said = capsys.readouterr().out.splitlines()[0]
     assert said.startswith("nothing to train: the run has trained for 0:00:0") and said.endswith(
-        " of its --max-time 00:00:02 (its segments run with one count, validations too): raise it "
+        " of its --max-time 00:00:02 (every segment counts, validations too): raise it "
         "to train on"), said
+    assert checkpoint(tmp_path)["global_step"] == steps
+    # A segment without --max-time keeps the clock: it dropped the Timer's state from
+    # last.ckpt, and the same budget then trained again from zero.
+    spent = checkpoint(tmp_path)["callbacks"]["Timer"]["time_elapsed"]["train"]
+    assert main(args(corpus, tmp_path, f"trainer.max_steps={steps + 2}", *slow)) == 0
+    assert checkpoint(tmp_path)["callbacks"]["Timer"]["time_elapsed"]["train"] > spent
+    steps += 2
+    capsys.readouterr()
+    assert main(args(corpus, tmp_path, "--max-time", "00:00:02", *slow)) == 0
+    assert capsys.readouterr().out.startswith("nothing to train: the run has trained for")
     assert checkpoint(tmp_path)["global_step"] == steps
     assert main(args(corpus, tmp_path, "--max-time", "00:00:05", *slow)) == 0
     assert checkpoint(tmp_path)["global_step"] > steps
