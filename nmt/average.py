@@ -16,7 +16,7 @@ import torch
 from nmt.callbacks import RunCheckpoint
 from nmt.config import existing_run_dir
 from nmt.errors import NMTError, first_line
-from nmt.files import atomic_path
+from nmt.files import save_atomic
 from nmt.translator import final_weights_of
 
 STEPS_DIR = "steps"  # RUN/steps/step<global step>.ckpt, written by training
@@ -106,8 +106,7 @@ def average_run(run_dir: str | Path, last: int | None = None,
     check_average_target(run_dir, out, paths)
     averaged = {"state_dict": average_state_dicts(paths),
                 "nmt_averaged": [path.name for path in paths]}
-    with atomic_path(out) as tmp:  # a reader never sees half a file
-        torch.save(averaged, tmp)
+    save_atomic(averaged, out)  # a reader never sees half a file
     return out, paths
 
 
@@ -123,22 +122,37 @@ def _load(path: Path) -> dict:
 
 
 def check_average_target(run_dir: Path, out: Path, paths: list[Path]) -> None:
-    """Where an average of ``paths`` may go: not over the run's own files (its checkpoints, its
-    config, SentencePiece model and logs; inside the run only a new .ckpt), and not over the
-    average that training chose as the run's weights, unless it is the same average."""
+    """Where an average of ``paths`` may go: not over the own files of a run, this one or
+    another that ``out`` lies in (a folder with a config.yaml), and not over the average that
+    training chose as a run's weights, unless it is this run's and the same average."""
     target, run = out.resolve(), run_dir.resolve()
-    checkpoints = {(run / name).resolve() for name in ("best.ckpt", "last.ckpt")}  # links too
-    own = target in checkpoints or target.is_relative_to((run / STEPS_DIR).resolve())
-    if own or (target.is_relative_to(run) and target.suffix != ".ckpt"):
-        raise NMTError(f"--out {out} is one of the run's own files; name another .ckpt")
-    if target != (run / "averaged.ckpt").resolve() or final_weights_of(run_dir) != "averaged.ckpt" \
+    other = next((p for p in target.parents if p != run and (p / "config.yaml").is_file()), None)
+    for owner, averaging in ((run, paths), (other, None)):
+        if owner is not None:
+            check_not_run_file(owner, target, out)
+            check_not_chosen_average(owner, target, out, averaging)
+
+
+def check_not_chosen_average(run: Path, target: Path, out: Path, paths: list[Path] | None) -> None:
+    """``target`` is not the average that training chose as ``run``'s weights, unless it is
+    the same average of ``paths`` (None: the run is another one, whose average never is)."""
+    if target != (run / "averaged.ckpt").resolve() or final_weights_of(run) != "averaged.ckpt" \
             or not target.is_file():
         return
     chosen = _load(target).get("nmt_averaged", [])
-    if chosen != [p.name for p in paths]:
+    if paths is None or chosen != [p.name for p in paths]:
+        whose = "the run's" if paths is not None else f"the weights of {run}"
         raise NMTError(f"{out} is the average of {', '.join(chosen) or 'other checkpoints'} that "
-                       "training chose as the run's weights (translate uses it by default); "
-                       "write this one with --out to another file")
+                       f"training chose as {whose} (translate uses it by default); write this one "
+                       "with --out to another file")
+
+
+def check_not_run_file(run: Path, target: Path, out: Path) -> None:
+    """``target`` is none of ``run``'s own files (inside it only a new .ckpt may go)."""
+    checkpoints = {(run / name).resolve() for name in ("best.ckpt", "last.ckpt")}  # links too
+    own = target in checkpoints or target.is_relative_to((run / STEPS_DIR).resolve())
+    if own or (target.is_relative_to(run) and target.suffix != ".ckpt"):
+        raise NMTError(f"--out {out} is one of the own files of the run {run}; name another .ckpt")
 
 
 class KeepLastCheckpoints(RunCheckpoint):

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import torch
+
 from nmt.errors import NMTError
 
 
@@ -44,6 +46,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         with suppress(OSError):  # where the folder could not be made, there is no file either
             tmp.unlink(missing_ok=True)
+
+
+def save_atomic(obj: object, path: str | Path) -> None:
+    """``torch.save`` through ``atomic_path``. torch reports a failed write (a full disk, a
+    file size limit) as a RuntimeError, which becomes a one-line error here."""
+    with atomic_path(path) as tmp:
+        try:
+            torch.save(obj, tmp)
+        except RuntimeError as err:
+            raise NMTError(f"cannot write {path}: {str(err).splitlines()[0]}") from None
 
 
 def write_atomic(path: str | Path, text: str) -> None:

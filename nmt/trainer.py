@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
-import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -28,7 +27,7 @@ from nmt.callbacks import (
 )
 from nmt.config import Config
 from nmt.errors import NMTError
-from nmt.files import atomic_path
+from nmt.files import save_atomic
 from nmt.precision import PrecisionChoice, trainer_precision, training_precision
 
 # trainer.best_metric -> its better direction. val_loss is the cross-entropy of the references
@@ -41,8 +40,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Write to a temporary file and rename: a killed run never leaves a truncated checkpoint."""
 
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
-        with atomic_path(path) as tmp:
-            torch.save(checkpoint, tmp)
+        save_atomic(checkpoint, path)
 
 
 def max_time(value: str | None) -> str | None:

@@ -4,6 +4,7 @@ translate / evaluate using the averaged weights."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -163,7 +164,7 @@ def test_the_average_never_overwrites_the_runs_own_files(tmp_path, out):
     for name in ("spm.model", "config.yaml", "train_stats.json"):
         (tmp_path / name).write_text(name)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    with pytest.raises(NMTError, match="is one of the run's own files; name another .ckpt"):
+    with pytest.raises(NMTError, match="is one of the own files of the run .*; name another .ckpt"):
         average_run(tmp_path, out=tmp_path / out)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
@@ -174,7 +175,7 @@ def test_a_checkpoint_linked_from_elsewhere_is_still_the_runs_own(tmp_path):
     _save(elsewhere, {"model.w": torch.zeros(2)})
     (run / "best.ckpt").symlink_to(elsewhere)
     before = elsewhere.read_bytes()
-    with pytest.raises(NMTError, match="is one of the run's own files"):
+    with pytest.raises(NMTError, match="is one of the own files of the run"):
         average_run(run, out=run / "best.ckpt")
     assert elsewhere.read_bytes() == before
 
@@ -194,6 +195,31 @@ def test_the_average_training_chose_is_not_replaced_by_another(tmp_path):
     average_run(tmp_path, last=2)  # the same average again
     out, _ = average_run(tmp_path, last=3, out=tmp_path / "all.ckpt")
     assert torch.load(out)["state_dict"]["model.w"].tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("out", ["averaged.ckpt", "best.ckpt", "config.yaml", "steps/step1.ckpt"])
+def test_the_average_never_overwrites_another_runs_files(tmp_path, out):
+    """--out into another run's folder replaced its files, the weights its training chose
+    among them, so that translating with that run silently used this one's."""
+    this, other = tmp_path / "this", tmp_path / "other"
+    _save(this / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
+    _save(other / "steps" / "step1.ckpt", {"model.w": torch.zeros(2)})
+    average_run(other)
+    (other / "train_stats.json").write_text(json.dumps({"final_weights": "averaged.ckpt"}))
+    (other / "config.yaml").write_text("name: other")
+    _save(other / "best.ckpt", {"model.w": torch.zeros(2)})
+    before = {p: p.read_bytes() for p in other.rglob("*") if p.is_file()}
+    with pytest.raises(NMTError, match=f"(own files of the run|chose as the weights of) {other}"):
+        average_run(this, out=other / out)
+    assert {p: p.read_bytes() for p in other.rglob("*") if p.is_file()} == before
+    average_run(this, out=other / "from_this.ckpt")  # a new .ckpt beside them may go there
+
+
+def test_a_failed_write_of_the_average_is_a_one_line_error(tmp_path):
+    """torch.save reports a full disk (or a file size limit) as a RuntimeError: a traceback."""
+    _save(tmp_path / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
+    with pytest.raises(NMTError, match="cannot write /dev/full: "):
+        average_run(tmp_path, out=Path("/dev/full"))
 
 
 def test_an_average_that_cannot_be_written_leaves_no_temporary_file(tmp_path):
