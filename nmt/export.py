@@ -16,6 +16,7 @@ weights. What has to match our ``TransformerModel`` exactly:
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -139,16 +140,26 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     check_exportable(run_config(run_dir))
     check_export_target(out)
     translator = Translator.from_run_dir(run_dir, "cpu", weights)
-    RunConverter(translator).convert(str(out), quantization=quantization, force=True)
-    for name in BESIDE_THE_MODEL:
-        shutil.copy(run_dir / name, out / name)
+    # Written beside ``out`` and swapped in whole: a failed export (a full disk, Ctrl-C)
+    # leaves an earlier export in ``out`` as it was.
+    new, old = (out.with_name(f".{out.name}.{what}{os.getpid()}") for what in ("new", "old"))
+    try:
+        RunConverter(translator).convert(str(new), quantization=quantization, force=True)
+        for name in BESIDE_THE_MODEL:
+            shutil.copy(run_dir / name, new / name)
+        if out.exists():
+            out.rename(old)
+        new.rename(out)
+    finally:
+        for folder in (new, old):
+            shutil.rmtree(folder, ignore_errors=True)
     return out
 
 
 def check_export_target(out: Path) -> None:
-    """CTranslate2 deletes the output folder before it writes: ``out`` must be new, or an
-    earlier export holding nothing else (an evaluation's eval/, say, would be lost)."""
-    if out.is_symlink():  # CTranslate2 cannot delete a link to a folder
+    """A new export replaces the output folder whole: ``out`` must be new, or an earlier
+    export holding nothing else (an evaluation's eval/, say, would be lost)."""
+    if out.is_symlink():  # a link to a folder would be replaced by the folder
         raise NMTError(f"--out {out} is a symbolic link: name the folder itself")
     if not out.exists():
         return
@@ -157,7 +168,7 @@ def check_export_target(out: Path) -> None:
     others = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
     if others:
         raise NMTError(f"{out} holds files nmt export did not write ({', '.join(others)}), which "
-                       "CTranslate2 would delete: move them, or choose a new --out")
+                       "the new export would delete: move them, or choose a new --out")
 
 
 class CTranslate2Translator:

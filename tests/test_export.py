@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
+from nmt import export
 from nmt.cli import main
 from nmt.config import load_config, save_config
 from nmt.data.batching import collate
@@ -223,6 +225,25 @@ def test_ctranslate2_engine_needs_an_export(run, exported, capsys):
         capsys.readouterr().err
 
 
+def test_a_failed_export_leaves_the_earlier_one_whole(run, tmp_path, capsys, monkeypatch):
+    """CTranslate2 deleted the output folder before it wrote: an export that failed half-way
+    (a file size limit here) left a model.bin without its config, which translated nothing."""
+    out = tmp_path / "ct2"
+    assert main(["export", "--checkpoint", str(run), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def fails_half_way(self, output_dir, **options):
+        Path(output_dir).mkdir()
+        (Path(output_dir) / "model.bin").write_bytes(b"half")
+        raise OSError(27, "File too large")
+
+    monkeypatch.setattr(export.RunConverter, "convert", fails_half_way)
+    assert main(["export", "--checkpoint", str(run), "--out", str(out)]) == 1
+    assert "File too large" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # no folder left half-written
+
+
 def test_export_over_an_export_keeps_what_else_is_there(run, tmp_path, capsys):
     """CTranslate2 deletes the output folder first: an earlier export is replaced only when it
     holds nothing but an export's files (an evaluation's eval/ would be lost)."""
@@ -233,7 +254,7 @@ def test_export_over_an_export_keeps_what_else_is_there(run, tmp_path, capsys):
     capsys.readouterr()
     assert main(["export", "--checkpoint", str(run), "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert "holds files nmt export did not write (eval), which CTranslate2 would delete" in err
+    assert "holds files nmt export did not write (eval), which the new export would delete" in err
     assert (out / "eval" / "test.beam1.json").is_file()
     assert main(["export", "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 1
     assert "checkpoint directory not found" in capsys.readouterr().err
