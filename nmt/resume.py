@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import inspect
 import json
 import zipfile
 from pathlib import Path
@@ -21,6 +22,7 @@ from nmt.data.prepare import load_side
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError, first_line
 from nmt.files import write_atomic
+from nmt.models import MODELS
 
 # Options that may change between the segments of a resumed run: budgets, validation and
 # logging cadence, loader processes, decoding. Every other option decides the trajectory.
@@ -64,11 +66,12 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
         raise NMTError(f"{saved} is damaged: cannot resume this run; choose another --run-dir") from None
     check_loadable(last)
-    now = _flat(to_dict(config))
+    now = with_model_defaults(_flat(to_dict(config)))
     # An option added after the run was saved did what the run did: ADDED_SINCE says what
     # that was where the built-in default does otherwise.
     defaults = {**_flat(to_dict(Config())), **_flat(ADDED_SINCE)}
     before.update((key, defaults[key]) for key in now.keys() - before.keys() if key in defaults)
+    before = with_model_defaults(before)
     for key in sorted(before.keys() | now.keys(), key=lambda k: (k not in PLAINEST, k)):
         if key not in RESUMABLE_CHANGES and key.split(".")[0] != "decoding" \
                 and before.get(key) != now.get(key):
@@ -77,6 +80,18 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
                 f"{now.get(key)!r}; resume it with the same value, or choose another --run-dir"
             )
     return last
+
+
+def with_model_defaults(options: dict) -> dict:
+    """Flat ``options`` with the model options they leave out at their family's defaults:
+    ``model.max_positions: 512`` given or left out builds the same Transformer."""
+    family = MODELS.get(options.get("model.family"))
+    if family is None:
+        return options
+    defaults = {f"model.{name}": parameter.default
+                for name, parameter in inspect.signature(family).parameters.items()
+                if name != "vocab_size"}
+    return {**defaults, **options}
 
 
 def out_of_patience(checkpoint: dict, patience: int) -> tuple[int, int] | None:

@@ -285,6 +285,17 @@ def test_a_run_saved_before_an_option_existed_resumes_only_with_what_it_did(
     assert main(args(corpus, tmp_path, value)) == 0
 
 
+def test_a_model_option_given_at_its_default_resumes(corpus, tmp_path, capsys):
+    """The run left model.max_positions out; given now at the Transformer's default (512) it
+    builds the same model, which was refused as max_positions=None, not 512."""
+    assert main(args(corpus, tmp_path, "trainer.max_steps=1")) == 0
+    assert "max_positions" not in (tmp_path / "config.yaml").read_text()
+    assert main(args(corpus, tmp_path, "model.max_positions=256")) == 1
+    assert "trained with model.max_positions=512, not 256" in capsys.readouterr().err
+    assert main(args(corpus, tmp_path, "model.max_positions=512", "trainer.max_steps=2")) == 0
+    assert checkpoint(tmp_path)["global_step"] == 2
+
+
 def test_a_folder_holding_other_files_is_not_trained_into(corpus, tmp_path, capsys):
     """An export (model.bin, its own config.yaml and spm.model) named as --run-dir had its
     config.yaml and spm.model overwritten by the new run's, and translated garbage after."""
