@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.errors import NMTError
+from nmt.errors import NMTError, first_line
 from nmt.files import write_atomic
 
 
@@ -135,11 +135,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
                            f"{type(tree).__name__}")
         layers.append(OmegaConf.create(tree))
     try:
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        layers += [override_layer(item) for item in overrides]
         merged = OmegaConf.merge(schema, *layers)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise NMTError(f"bad config: {config_error(err)}") from None
+
+
+def override_layer(item: str) -> DictConfig:
+    """One ``key=value`` override as a config layer; a value YAML cannot read (``[0.9``) is a
+    one-line error naming it."""
+    try:
+        return OmegaConf.from_dotlist([item])
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or first_line(err)
+        raise NMTError(f"bad config: {item}: the value is not YAML ({problem})") from None
 
 
 def config_error(err: OmegaConfBaseException) -> str:

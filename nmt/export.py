@@ -183,8 +183,9 @@ class CTranslate2Translator:
     differs from ours where a hypothesis meets the limit: ours ends it there, CTranslate2
     searches on past it, so hypotheses that ran past a line's own limit can end the same
     once cut, and its n-best list then holds fewer than n texts (duplicates are dropped);
-    since the limit of a call is its longest line's, how many depends on the batch. An output that ended by itself keeps CTranslate2's log-probability,
-    whose softmax leaves out the suppressed PAD and BOS (ours counts them): 0.0002 nats apart
+    since the limit of a call is its longest line's, how many depends on the batch. An
+    output that ended by itself keeps CTranslate2's log-probability, whose softmax leaves
+    out the suppressed PAD and BOS (ours counts them): 0.0002 nats apart
     (median over test2016's beam-5 hypotheses of a 30-minute Transformer), far more for an
     untrained model, which gives PAD and BOS weight.
     """

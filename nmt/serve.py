@@ -43,7 +43,7 @@ from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError
 from nmt.models import build_model, check_model_config, model_option
 from nmt.plots import EOS_PIECE, attention_matrix
-from nmt.translator import check_ensemble, find_checkpoint, source_limit
+from nmt.translator import check_ensemble, check_run_weights, source_limit
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 FIELDS = ("text", "beam", "attention", "model")
@@ -303,9 +303,12 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
     if ensemble and len(paths) > 1:
         raise NMTError("--ensemble serves one model: give one --checkpoint with it")
     runs = served_models(paths, engine)
-    if engine == "torch":  # no weights file to load: one line now, not an error in a worker
+    if weights is not None and len(runs) > 1 and Path(weights).name != str(weights):
+        raise NMTError(f"--weights {weights} with several --checkpoint names a file in each run "
+                       "(e.g. averaged.ckpt), not a path: every model would serve that one file")
+    if engine == "torch":  # weights that cannot load: one line now, not an error in a worker
         for path in runs.values():
-            find_checkpoint(Path(path), weights)
+            check_run_weights(path, weights)
     if ensemble:
         check_ensemble(paths[0], ensemble, weights)
     info = [model_info(name, path, engine, ensemble) for name, path in runs.items()]
@@ -346,11 +349,14 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
                           ensemble=ensemble)
     # SIGTERM as Ctrl-C: LitServe then stops its worker processes. Its forked HTTP server
     # keeps the default, so that LitServe's own terminate() ends it quietly.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    address = f"[{host}]" if ":" in host else host  # an IPv6 address is bracketed in a URL
     print(f"serving {', '.join(Path(p).resolve().name for p in paths)} with {engine} "
-          f"at http://{host}:{port}/", flush=True)
+          f"at http://{address}:{port}/", flush=True)
     try:
         server.run(host=host, port=port, generate_client_file=False, log_level="warning")
     except RuntimeError as err:  # LitServe's "workers failed to start": the log above says why
         raise NMTError(f"the server could not start: {err}".splitlines()[0]) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # for a caller in the same process

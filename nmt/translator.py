@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -136,14 +137,33 @@ def load_run(run_dir: str | Path, device: torch.device, weights: str | Path | No
     tokenizer = Tokenizer(run_dir / "spm.model")
     model = build_model(config.model, len(tokenizer))
     path = find_checkpoint(run_dir, weights)
+    load_weights(model, path, device)
+    return model.to(device), tokenizer, config, path
+
+
+def load_weights(model: torch.nn.Module, path: Path, device: torch.device | str,
+                 mapped: bool = False) -> None:
+    """The weights of checkpoint ``path`` into ``model``; a one-line error where they do not
+    fit it. ``mapped``: the file memory-mapped and its tensors assigned, not copied (a model
+    on the meta device is then checked without reading them)."""
     try:
-        checkpoint = torch.load(path, map_location=device, weights_only=False)
+        checkpoint = torch.load(path, map_location=device, weights_only=False,
+                                mmap=mapped and zipfile.is_zipfile(path))
         state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
-        model.load_state_dict(state)
+        model.load_state_dict(state, assign=mapped)
     except Exception as err:  # unpickling, missing keys, shape mismatches, ...
         raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint "
                        f"({first_line(err)})") from None
-    return model.to(device), tokenizer, config, path
+
+
+def check_run_weights(run_dir: str | Path, weights: str | Path | None = None) -> None:
+    """A one-line error now where a run's weights would not load into its model: checked
+    on a model on the meta device, from the memory-mapped file (a server checks this before
+    its worker processes load the models)."""
+    config, run_dir = run_config(run_dir), Path(run_dir)
+    with torch.device("meta"):
+        model = build_model(config.model, len(Tokenizer(run_dir / "spm.model")))
+    load_weights(model, find_checkpoint(run_dir, weights), "cpu", mapped=True)
 
 
 def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],

@@ -19,9 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from nmt.cli import main
-from nmt.translator import Translator
+from nmt.translator import Translator, find_checkpoint
 
 from .conftest import tiny_train_args, write_corpus
 
@@ -332,6 +333,56 @@ def test_serve_a_run_without_weights_is_one_line_before_start(runs, capsys, tmp_
     assert main(["serve", *free_port_option(), "--checkpoint", str(bare)]) == 1
     err = capsys.readouterr().err
     assert f"no best.ckpt or last.ckpt in {bare}" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("weights, message", [
+    (b"garbage", "incompatible or damaged checkpoint"),  # a file cut short or of something else
+    (None, "incompatible or damaged checkpoint (Error(s) in loading state_dict"),  # another model's
+])
+def test_serve_weights_that_do_not_load_are_one_line_before_start(runs, capsys, tmp_path,
+                                                                   weights, message):
+    """They failed in the worker: its traceback, then "the server could not start" without why."""
+    _, paths, _ = runs
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in ("config.yaml", "spm.model"):
+        (bad / name).write_bytes((paths[0] / name).read_bytes())
+    checkpoint = torch.load(find_checkpoint(paths[0]), weights_only=False)
+    checkpoint["state_dict"] = {k: v[:1] for k, v in checkpoint["state_dict"].items()}
+    if weights is None:
+        torch.save(checkpoint, bad / "best.ckpt")
+    else:
+        (bad / "best.ckpt").write_bytes(weights)
+    assert main(["serve", *free_port_option(), "--checkpoint", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot load {bad / 'best.ckpt'}: {message}" in err and err.count("\n") == 1, err
+
+
+def test_serve_refuses_a_weights_path_for_several_runs(runs, capsys):
+    """Each run served the one file named (its folder part found it outside every run)."""
+    _, paths, _ = runs
+    weights = find_checkpoint(paths[0])
+    assert main(["serve", *free_port_option(), "--checkpoint", *map(str, paths),
+                 "--weights", str(weights)]) == 1
+    err = capsys.readouterr().err
+    assert f"--weights {weights} with several --checkpoint names a file in each run" in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("host, url", [("127.0.0.1", "http://127.0.0.1:{}/"),
+                                       ("::", "http://[::]:{}/")])  # was http://:::8000/
+def test_serve_prints_a_url_that_opens(runs, capsys, monkeypatch, host, url):
+    """The URL printed at start (LitServe's run replaced: nothing is served here), and the
+    process' SIGTERM handler is its own again after serve returns."""
+    import litserve
+
+    _, paths, _ = runs
+    monkeypatch.setattr(litserve.LitServer, "run", lambda self, **options: None)
+    port = free_port()
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["serve", "--checkpoint", str(paths[0]), "--host", host, "--port", str(port)]) == 0
+    assert url.format(port) in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_an_ensemble_is_served_as_one_model(runs):
