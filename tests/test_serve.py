@@ -291,6 +291,38 @@ def test_web_page_translates_and_draws_heatmaps(server, runs, tmp_path):
     assert (tmp_path / "page.png").stat().st_size > 0
 
 
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)")
+def test_web_page_shows_only_the_latest_answers_and_their_warnings(server, runs):
+    """A click whose answers come late (held back here) no longer adds its cards beside those of
+    the click after it; a text cut to the model's length says so on its card."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    translators, _, sentences = runs
+    long_text = "Hund " * 600
+    hold_back_long_texts = """() => { const fetchNow = window.fetch;
+        window.fetch = (url, options) => options.body.includes("Hund Hund")
+            ? new Promise((r) => setTimeout(r, 2000)).then(() => fetchNow(url, options))
+            : fetchNow(url, options); }"""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(server + "/")
+        page.wait_for_selector("#models input[value=first]")
+        page.fill("#beam", "1")
+        page.fill("#source", long_text)
+        page.click("#translate")
+        page.wait_for_selector(".card .warning", timeout=120_000)
+        assert "truncated to" in page.locator(".card .warning").first.inner_text()
+        page.evaluate(hold_back_long_texts)
+        page.click("#translate")  # the long text again, answered 2 s late
+        page.fill("#source", sentences[0])
+        page.click("#translate")
+        page.wait_for_selector(".card", timeout=60_000)
+        page.wait_for_timeout(4000)  # the held-back answers arrive meanwhile
+        translations = page.locator(".card .translation").all_inner_texts()
+        assert translations == [expected(translators["first"], sentences[:1], 1)[0]]
+        browser.close()
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--host", "example.org"], "--host must be one of"),
     (["--port", "80"], "--port must be from 1024 to 65535"),

@@ -79,6 +79,12 @@ function card(model, answer) {
   div.querySelector(".meta").textContent =
     `${model.family}, ${model.attention} attention, ${model.parameters.toLocaleString()} parameters, ${model.engine}${ensemble}`;
   div.querySelector(".translation").textContent = answer.translations[0];
+  (answer.warnings || []).forEach((w) => {  // e.g. a text cut to the model's length
+    const p = document.createElement("p");
+    p.className = "warning";
+    p.textContent = w;
+    div.appendChild(p);
+  });
   if (answer.attention && answer.attention[0]) {
     const canvas = document.createElement("canvas");
     div.appendChild(canvas);
@@ -87,7 +93,10 @@ function card(model, answer) {
   return div;
 }
 
+let latestRun = 0;  // answers to an earlier click that arrive late are dropped
+
 async function run(models) {
+  const thisRun = ++latestRun;
   const text = document.getElementById("source").value.trim();
   const beam = parseInt(document.getElementById("beam").value, 10);
   const chosen = [...document.querySelectorAll("#models input:checked")].map((c) => c.value);
@@ -100,6 +109,7 @@ async function run(models) {
   }
   status.textContent = "translating...";
   const answers = await Promise.allSettled(chosen.map((name) => translateWith(name, text, beam)));
+  if (thisRun !== latestRun) return;
   answers.forEach((a, i) => {
     const model = models.find((m) => m.name === chosen[i]);
     if (a.status === "fulfilled") {
