@@ -66,12 +66,15 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
         raise NMTError(f"{saved} is damaged: cannot resume this run; choose another --run-dir") from None
     check_loadable(last)
-    now = with_model_defaults(_flat(to_dict(config)))
+    now = _flat(to_dict(config))
     # An option added after the run was saved did what the run did: ADDED_SINCE says what
     # that was where the built-in default does otherwise.
     defaults = {**_flat(to_dict(Config())), **_flat(ADDED_SINCE)}
     before.update((key, defaults[key]) for key in now.keys() - before.keys() if key in defaults)
-    before = with_model_defaults(before)
+    # Model options left out are the family's defaults, filled after ADDED_SINCE, which
+    # covers only options the command gives: a command that leaves embed_init out resumes the
+    # RNN it trained before the option existed (its checkpoint carries the embedding scale).
+    before, now = with_model_defaults(before), with_model_defaults(now)
     for key in sorted(before.keys() | now.keys(), key=lambda k: (k not in PLAINEST, k)):
         if key not in RESUMABLE_CHANGES and key.split(".")[0] != "decoding" \
                 and before.get(key) != now.get(key):

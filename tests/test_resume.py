@@ -296,6 +296,23 @@ def test_a_model_option_given_at_its_default_resumes(corpus, tmp_path, capsys):
     assert checkpoint(tmp_path)["global_step"] == 2
 
 
+def test_an_rnn_config_without_embed_init_resumes(corpus, tmp_path):
+    """Filling the family's defaults into the command's options made ADDED_SINCE's
+    embed_init 'unit' (runs from before the option) the saved run's value: refused as
+    'unit', not 'scaled'."""
+    folder, files = corpus
+    config = tmp_path / "rnn.yaml"
+    config.write_text("\n".join(line for line in (REPO / "configs" / "rnn_bahdanau.yaml")
+                                 .read_text().splitlines() if "embed_init" not in line))
+    argv = [a for a in tiny_train_args(files, tmp_path / "run", folder / "data")
+            if not a.startswith("model.")]
+    argv[argv.index("--config") + 1] = str(config)
+    argv += ["model.emb_dim=16", "model.hidden_size=32", "model.attention_dim=32"]
+    assert main([*argv, "trainer.max_steps=1"]) == 0
+    assert main([*argv, "trainer.max_steps=2"]) == 0
+    assert checkpoint(tmp_path / "run")["global_step"] == 2
+
+
 def test_a_folder_holding_other_files_is_not_trained_into(corpus, tmp_path, capsys):
     """An export (model.bin, its own config.yaml and spm.model) named as --run-dir had its
     config.yaml and spm.model overwritten by the new run's, and translated garbage after."""
