@@ -122,29 +122,32 @@ def _load(path: Path) -> dict:
 
 
 def check_average_target(run_dir: Path, out: Path, paths: list[Path]) -> None:
-    """Where an average of ``paths`` may go: not over the own files of a run, this one or
-    another that ``out`` lies in (a folder with a config.yaml), and not over the average that
-    training chose as a run's weights, unless it is this run's and the same average."""
+    """Where an average of ``paths`` may go: not over the run's own files (its checkpoints,
+    its config, SentencePiece model and logs; inside the run only a new .ckpt) or the average
+    that training chose as its weights, unless it is the same average; inside another run
+    (a folder with a config.yaml and a spm.model) only as a new .ckpt."""
     target, run = out.resolve(), run_dir.resolve()
-    other = next((p for p in target.parents if p != run and (p / "config.yaml").is_file()), None)
-    for owner, averaging in ((run, paths), (other, None)):
-        if owner is not None:
-            check_not_run_file(owner, target, out)
-            check_not_chosen_average(owner, target, out, averaging)
+    check_not_run_file(run, target, out)
+    check_not_chosen_average(run, target, out, paths)
+    other = next((p for p in target.parents if p != run and (p / "config.yaml").is_file()
+                  and (p / "spm.model").is_file()), None)
+    if other is not None:
+        check_not_run_file(other, target, out)
+        if target.exists():
+            raise NMTError(f"--out {out} is a file of the run {other}; name a new .ckpt")
 
 
-def check_not_chosen_average(run: Path, target: Path, out: Path, paths: list[Path] | None) -> None:
+def check_not_chosen_average(run: Path, target: Path, out: Path, paths: list[Path]) -> None:
     """``target`` is not the average that training chose as ``run``'s weights, unless it is
-    the same average of ``paths`` (None: the run is another one, whose average never is)."""
+    the same average of ``paths``."""
     if target != (run / "averaged.ckpt").resolve() or final_weights_of(run) != "averaged.ckpt" \
             or not target.is_file():
         return
     chosen = _load(target).get("nmt_averaged", [])
-    if paths is None or chosen != [p.name for p in paths]:
-        whose = "the run's" if paths is not None else f"the weights of {run}"
+    if chosen != [p.name for p in paths]:
         raise NMTError(f"{out} is the average of {', '.join(chosen) or 'other checkpoints'} that "
-                       f"training chose as {whose} (translate uses it by default); write this one "
-                       "with --out to another file")
+                       "training chose as the run's weights (translate uses it by default); "
+                       "write this one with --out to another file")
 
 
 def check_not_run_file(run: Path, target: Path, out: Path) -> None:

@@ -197,22 +197,33 @@ def test_the_average_training_chose_is_not_replaced_by_another(tmp_path):
     assert torch.load(out)["state_dict"]["model.w"].tolist() == [2.0, 2.0]
 
 
+@pytest.mark.parametrize("chosen", ["averaged.ckpt", "best.ckpt"])
 @pytest.mark.parametrize("out", ["averaged.ckpt", "best.ckpt", "config.yaml", "steps/step1.ckpt"])
-def test_the_average_never_overwrites_another_runs_files(tmp_path, out):
+def test_the_average_never_overwrites_another_runs_files(tmp_path, out, chosen):
     """--out into another run's folder replaced its files, the weights its training chose
     among them, so that translating with that run silently used this one's."""
     this, other = tmp_path / "this", tmp_path / "other"
     _save(this / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
     _save(other / "steps" / "step1.ckpt", {"model.w": torch.zeros(2)})
     average_run(other)
-    (other / "train_stats.json").write_text(json.dumps({"final_weights": "averaged.ckpt"}))
-    (other / "config.yaml").write_text("name: other")
+    (other / "train_stats.json").write_text(json.dumps({"final_weights": chosen}))
+    for name in ("config.yaml", "spm.model"):
+        (other / name).write_text(name)
     _save(other / "best.ckpt", {"model.w": torch.zeros(2)})
     before = {p: p.read_bytes() for p in other.rglob("*") if p.is_file()}
-    with pytest.raises(NMTError, match=f"(own files of the run|chose as the weights of) {other}"):
+    with pytest.raises(NMTError, match=f"(own files|a file) of the run {other}"):
         average_run(this, out=other / out)
     assert {p: p.read_bytes() for p in other.rglob("*") if p.is_file()} == before
     average_run(this, out=other / "from_this.ckpt")  # a new .ckpt beside them may go there
+
+
+def test_an_average_may_go_under_a_folder_that_is_not_a_run(tmp_path):
+    """A project folder with a config.yaml of its own is no run: the average goes there."""
+    _save(tmp_path / "run" / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
+    (tmp_path / "project" / "exports").mkdir(parents=True)
+    (tmp_path / "project" / "config.yaml").write_text("mine")
+    out, _ = average_run(tmp_path / "run", out=tmp_path / "project" / "exports" / "avg.pt")
+    assert out.is_file()
 
 
 def test_a_failed_write_of_the_average_is_a_one_line_error(tmp_path):

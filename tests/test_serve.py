@@ -390,15 +390,22 @@ def test_serve_weights_that_do_not_load_are_one_line_before_start(runs, capsys, 
     assert f"cannot load {bad / 'best.ckpt'}: {message}" in err and err.count("\n") == 1, err
 
 
-def test_serve_refuses_a_weights_path_for_several_runs(runs, capsys):
-    """Each run served the one file named (its folder part found it outside every run)."""
+def test_serve_refuses_a_weights_path_for_several_runs(runs, capsys, monkeypatch):
+    """Each run served the one file named (its folder part found it outside every run); a
+    path inside each run (steps/..., ./best.ckpt) is each run's own file."""
+    import litserve
+
     _, paths, _ = runs
     weights = find_checkpoint(paths[0])
     assert main(["serve", *free_port_option(), "--checkpoint", *map(str, paths),
                  "--weights", str(weights)]) == 1
     err = capsys.readouterr().err
     assert f"--weights {weights} with several --checkpoint names a file in each run" in err
+    assert f"but {paths[1]} has none: every model would serve {weights}" in err
     assert err.count("\n") == 1
+    monkeypatch.setattr(litserve.LitServer, "run", lambda self, **options: None)
+    assert main(["serve", *free_port_option(), "--checkpoint", *map(str, paths),
+                 "--weights", f"./{weights.name}"]) == 0
 
 
 @pytest.mark.parametrize("host, url", [("127.0.0.1", "http://127.0.0.1:{}/"),
