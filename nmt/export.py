@@ -142,15 +142,18 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     translator = Translator.from_run_dir(run_dir, "cpu", weights)
     # Written beside ``out`` and swapped in whole: a failed export (a full disk, Ctrl-C)
     # leaves an earlier export in ``out`` as it was.
-    new, old = (out.with_name(f".{out.name}.{what}{os.getpid()}") for what in ("new", "old"))
+    target = out.resolve()  # "." has no name to put beside
+    new, old = (target.with_name(f".{target.name}.{what}{os.getpid()}") for what in ("new", "old"))
     try:
         RunConverter(translator).convert(str(new), quantization=quantization, force=True)
         for name in BESIDE_THE_MODEL:
             shutil.copy(run_dir / name, new / name)
-        if out.exists():
-            out.rename(old)
-        new.rename(out)
+        if target.exists():
+            target.rename(old)
+        new.rename(target)
     finally:
+        if old.exists() and not target.exists():  # stopped between the two renames
+            old.rename(target)
         for folder in (new, old):
             shutil.rmtree(folder, ignore_errors=True)
     return out

@@ -242,11 +242,28 @@ def test_a_failed_export_leaves_the_earlier_one_whole(run, tmp_path, capsys, mon
     assert "File too large" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # no folder left half-written
+    monkeypatch.undo()
+    # Stopped between moving the earlier export aside and moving the new one in: put back.
+    rename = Path.rename
+
+    def stops_at_the_second(self, target):
+        if self.name.startswith(".ct2.new"):
+            raise KeyboardInterrupt
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", stops_at_the_second)
+    assert main(["export", "--checkpoint", str(run), "--out", str(out)]) == 130
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+    monkeypatch.chdir(out)  # an export again, from inside it: "." had no name to put beside
+    assert main(["export", "--checkpoint", str(run), "--out", "."]) == 0
+    assert {p.name for p in out.iterdir()} == set(before)
 
 
 def test_export_over_an_export_keeps_what_else_is_there(run, tmp_path, capsys):
-    """CTranslate2 deletes the output folder first: an earlier export is replaced only when it
-    holds nothing but an export's files (an evaluation's eval/ would be lost)."""
+    """A new export replaces the output folder whole: an earlier export is replaced only when
+    it holds nothing but an export's files (an evaluation's eval/ would be lost)."""
     out = tmp_path / "ct2"
     assert main(["export", "--checkpoint", str(run), "--out", str(out)]) == 0
     assert main(["export", "--checkpoint", str(run), "--out", str(out), "--quantization", "int8"]) == 0
