@@ -135,21 +135,30 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
                            f"{type(tree).__name__}")
         layers.append(OmegaConf.create(tree))
     try:
-        layers += [override_layer(item) for item in overrides]
+        layers.append(overrides_layer(list(overrides)))
         merged = OmegaConf.merge(schema, *layers)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise NMTError(f"bad config: {config_error(err)}") from None
+    except TypeError as err:  # OmegaConf's, e.g. optim.betas.0=0.8: a list reached as a mapping
+        raise NMTError(f"bad config: {first_line(err)}: a list option given by its items? give "
+                       "the whole list, e.g. optim.betas=[0.9,0.98]") from None
 
 
-def override_layer(item: str) -> DictConfig:
-    """One ``key=value`` override as a config layer; a value YAML cannot read (``[0.9``) is a
-    one-line error naming it."""
+def overrides_layer(overrides: list[str]) -> DictConfig:
+    """The ``key=value`` overrides as one config layer, in order (``optim.betas=[0.8,0.9]
+    optim.betas.1=0.95`` edits the list just given); a value YAML cannot read (``[0.9``) is a
+    one-line error naming its override."""
     try:
-        return OmegaConf.from_dotlist([item])
-    except yaml.YAMLError as err:
-        problem = getattr(err, "problem", None) or first_line(err)
-        raise NMTError(f"bad config: {item}: the value is not YAML ({problem})") from None
+        return OmegaConf.from_dotlist(overrides)
+    except yaml.YAMLError:
+        for item in overrides:
+            try:
+                OmegaConf.from_dotlist([item])
+            except yaml.YAMLError as err:
+                problem = getattr(err, "problem", None) or first_line(err)
+                raise NMTError(f"bad config: {item}: the value is not YAML ({problem})") from None
+        raise
 
 
 def config_error(err: OmegaConfBaseException) -> str:

@@ -156,6 +156,13 @@ def test_early_stopping_waits_its_patience_and_0_trains_to_the_budget(tmp_path, 
     assert json.loads((run / "train_stats.json").read_text())["epochs"] == epochs
 
 
+def test_overrides_apply_in_order_as_one_layer():
+    """An item override after its list edits that list (each override a layer of its own
+    could not merge the two: a traceback)."""
+    config = load_config("configs/transformer.yaml", ["optim.betas=[0.8,0.9]", "optim.betas.1=0.95"])
+    assert config.optim.betas == [0.8, 0.95]
+
+
 @pytest.mark.parametrize("given, duration, seconds", [
     ("00:30:00", "00:00:30:00", 1800),
     ("1:00:00", "00:01:00:00", 3600),  # was "00:1:00:00", which Lightning's Timer refused
@@ -204,6 +211,7 @@ def test_odd_sizes_and_booleans_for_sizes_are_refused_before_a_model_is_built(mo
     ("model.d_model=33 model.heads=3", "model.d_model must be even (the sinusoidal positions pair"),
     ("model.heads=true", "model.heads must be int, got True"),
     ("optim.betas=[0.9", "bad config: optim.betas=[0.9: the value is not YAML (did not find"),
+    ("optim.betas.0=0.8", "a list option given by its items? give the whole list"),
     ("model.dropout=true", "model.dropout must be float, got True"),
     ("model.dropout=1.5", "model.dropout must be in [0, 1), got 1.5"),
     ("data.max_tokens=0", "data.max_tokens must be at least 1, got 0"),
