@@ -96,8 +96,8 @@ def test_training_precision_uses_the_model_shapes(cache, monkeypatch, capsys):
     ({"family": "transformer"}, [(512, 256, 256), (512, 256, 1024), (512, 256, 100)]),
     ({"family": "transformer", "d_model": 64, "ff_dim": 128},
      [(512, 64, 64), (512, 64, 128), (512, 64, 100)]),
-    ({"family": "rnn", "rnn_type": "lstm", "emb_dim": 32, "hidden_size": 64},
-     [(512, 64, 64), (512, 96, 256), (512, 32, 100)]),
+    ({"family": "rnn", "rnn_type": "lstm", "emb_dim": 32, "hidden_size": 64, "attention_dim": 48},
+     [(512, 64, 48), (512, 96, 256), (512, 32, 100)]),
 ])
 def test_probe_shapes_are_the_models_own(model, shapes):
     assert precision.probe_shapes(model, vocab_size=100) == shapes

@@ -74,11 +74,13 @@ class RNNModel(nn.Module):
     @classmethod
     def typical_matmuls(cls, options: dict, vocab_size: int, tokens: int) -> list[tuple[int, int, int]]:
         """The (M, K, N) matmuls that dominate a training step over ``tokens`` rows: the
-        attention's projection, the decoder cell's gates over [y; c] and the output layer,
-        tied to the embedding (what ``auto`` precision times)."""
-        emb, hidden = model_option(cls, options, "emb_dim"), model_option(cls, options, "hidden_size")
+        attention's projection of the states, the decoder cell's gates over [y; c] and the
+        output layer, tied to the embedding (what ``auto`` precision times)."""
+        emb, hidden, attention = (model_option(cls, options, name)
+                                  for name in ("emb_dim", "hidden_size", "attention_dim"))
         gates = 4 if model_option(cls, options, "rnn_type") == "lstm" else 3
-        return [(tokens, hidden, hidden), (tokens, emb + hidden, gates * hidden), (tokens, emb, vocab_size)]
+        return [(tokens, hidden, attention), (tokens, emb + hidden, gates * hidden),
+                (tokens, emb, vocab_size)]
 
     def _init_embedding(self, embed_init: str) -> None:
         """The output layer is tied to the embedding, so the embedding's scale is the initial
