@@ -37,7 +37,8 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_old_one_and_no_temporary
     path = tmp_path / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"step": 1}, path)
     assert torch.load(path, weights_only=True) == {"step": 1}
-    with pytest.raises(RuntimeError, match="cannot be saved"):  # fails inside torch.save
+    # fails inside torch.save, which reports failed writes as RuntimeErrors too: one line
+    with pytest.raises(NMTError, match="cannot write .*last.ckpt: this object cannot be saved"):
         AtomicCheckpointIO().save_checkpoint({"step": 2, "bad": Unpicklable()}, path)
     assert torch.load(path, weights_only=True) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
