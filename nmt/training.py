@@ -125,7 +125,8 @@ class TranslationModule(L.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         tokens = self._epoch_tokens_of_all_processes()
-        self.log("train_tgt_tok_per_s", tokens / max(self._epoch_seconds, 1e-9))
+        if tokens:  # none where a resumed run starts at its epoch's end: no speed to log
+            self.log("train_tgt_tok_per_s", tokens / max(self._epoch_seconds, 1e-9))
         self.totals["tgt_tokens"] += tokens
         self.totals["step_seconds"] += self._epoch_seconds
         self._epoch_tokens, self._epoch_seconds = 0, 0.0
@@ -333,7 +334,7 @@ def train(config: Config) -> Path:
         forget_final_weights(run_dir)
     try:
         fit(trainer, module, datamodule, resume_from)
-        finish_run(config, run_dir, trainer, module, datamodule)
+        finish_run(config, run_dir, trainer, module)
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # Lightning leaves the group to the process's exit, where a DDP worker tearing it
@@ -352,11 +353,12 @@ def write_run_files(config: Config, run_dir: Path, data: PreparedData, new_run: 
     record_training_data(run_dir, data, new_run)
 
 
-def finish_run(config: Config, run_dir: Path, trainer: L.Trainer, module: TranslationModule,
-               datamodule: TranslationDataModule) -> None:
-    """After ``fit``: last.ckpt of a finished epoch (``finish_last_epoch``), then, once, the
-    weights translate takes (``final_weights``), train_stats.json and the run's summary."""
-    finish_last_epoch(trainer, datamodule, run_dir)
+def finish_run(config: Config, run_dir: Path, trainer: L.Trainer, module: TranslationModule) -> None:
+    """After ``fit``, once: the weights translate takes (``final_weights``), train_stats.json
+    and the run's summary. last.ckpt stays the one written at the last validation, inside the
+    loop: also where that was an epoch's last batch, as Lightning resumes it exactly (a
+    checkpoint written after ``fit`` as a finished epoch skipped the next one where a resumed
+    run had a step budget)."""
     totals = module.run_totals()  # on every process: it sums their tokens
     if trainer.is_global_zero:
         weights, why = final_weights(run_dir, config.trainer.keep_last_checkpoints)
@@ -428,14 +430,6 @@ def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDa
             raise NMTError("stopped by SIGTERM: the same command resumes the run from its last "
                            "checkpoint") from None
         raise KeyboardInterrupt from None  # the command line's "interrupted", exit status 130
-
-
-def finish_last_epoch(trainer: L.Trainer, datamodule: TranslationDataModule, run_dir: Path) -> None:
-    """At an epoch's end, write last.ckpt again, as a finished epoch: the checkpoint of the
-    epoch's last validation, written inside the loop at its last batch (StopAtBudget), would
-    resume it as an epoch still running."""
-    if datamodule.epoch_finished():
-        trainer.save_checkpoint(run_dir / "last.ckpt", weights_only=False)  # a whole, resumable one
 
 
 def print_effective_batch(config: Config, trainer: L.Trainer) -> None:

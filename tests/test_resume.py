@@ -94,6 +94,17 @@ def test_a_run_resumed_after_its_dropout_switch_keeps_the_long_run_dropout(corpu
     assert_same_weights(tmp_path / "cut", checkpoint(tmp_path / "straight"))
 
 
+def test_a_run_stopped_at_an_epoch_end_resumes_under_a_step_budget(corpus, straight, tmp_path):
+    """last.ckpt was written after fit as a finished epoch, which Lightning resumes under a
+    step budget by skipping the next epoch: updates 5-8 trained on epoch 3's batches."""
+    assert main(args(corpus, tmp_path, "--max-epochs", "1")) == 0
+    assert main(args(corpus, tmp_path, "trainer.max_steps=8", "--max-epochs", "5")) == 0
+    assert_same_weights(tmp_path, straight)
+    rows = [row for log in sorted((tmp_path / "logs").glob("version_*/metrics.csv"))
+            for row in csv.DictReader(open(log)) if row.get("train_tgt_tok_per_s")]
+    assert [row["epoch"] for row in rows] == ["0", "1"]  # one speed a trained epoch, none 0
+
+
 def test_resume_from_a_checkpoint_without_segments_says_they_are_unknown(corpus, tmp_path):
     """Checkpoints written before segments were kept resume with an unknown first segment."""
     assert main(args(corpus, tmp_path, "trainer.max_steps=2")) == 0

@@ -100,10 +100,6 @@ class TranslationDataModule(L.LightningDataModule):
                                       pin_memory=torch.cuda.is_available())
         return self.loader
 
-    def epoch_finished(self) -> bool:
-        """Whether training stopped at the end of an epoch (not inside one)."""
-        return self.loader is not None and self.loader.position >= len(self.loader)
-
     def val_dataloader(self) -> DataLoader:
         return decoding_loader(
             self.val_set, self.cfg.eval_max_tokens, self.trainer.global_rank, self.trainer.world_size
