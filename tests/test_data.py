@@ -529,6 +529,30 @@ def test_under_ddp_only_local_rank_0_prepares(tmp_path, monkeypatch):
         prepare(DataConfig(**{**options, "vocab_size": 110}))
 
 
+def test_ranks_waiting_for_the_data_stop_with_local_rank_0s_error(tmp_path, monkeypatch):
+    """Started each by its launcher (SLURM's, say), rank 1 waited 4 hours in silence for the
+    folder of a rank 0 that had failed; a failure from an earlier launch is not this one's."""
+    from nmt.data import prepare as prepare_module
+
+    files = write_corpus(tmp_path)
+    (tmp_path / "short.en").write_text("one line\n")
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), train_files=[files["train"][0],
+                     str(tmp_path / "short.en")], val_files=files["val"], vocab_size=120)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(NMTError, match="lines") as rank_0:
+        prepare(cfg)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(prepare_module, "WAIT_SECONDS", 5)  # not 4 hours, where this fails
+    with pytest.raises(NMTError, match="local rank 0 could not prepare") as rank_1:
+        prepare(cfg)
+    assert str(rank_0.value) in str(rank_1.value)
+    marker = next((tmp_path / "data" / "prepared").glob("*.failed"))
+    os.utime(marker, (time.time() - 3600, time.time() - 3600))  # an earlier launch's
+    monkeypatch.setattr(prepare_module, "WAIT_SECONDS", 0)
+    with pytest.raises(NMTError, match="gave up waiting for local rank 0"):
+        prepare(cfg)
+
+
 def test_fewer_training_batches_than_processes_are_refused(tmp_path):
     """Under DDP each process trains on a whole number of batches of its own: 30 short pairs
     in one batch of 2,000 tokens leave a second process none (it ended in a ZeroDivisionError

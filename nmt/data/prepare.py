@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import time
+from contextlib import suppress
 from itertools import chain
 from pathlib import Path
 
@@ -32,11 +33,12 @@ from nmt.config import DataConfig
 from nmt.data.batching import Ragged
 from nmt.data.corpus import Source, hub_name, read_pairs, source_identity, split_sources
 from nmt.data.tokenizer import Tokenizer, train_tokenizer
-from nmt.errors import NMTError
+from nmt.errors import NMTError, first_line
 
 FORMAT = 2  # bump when the layout or the tokenizer's training changes: old folders are then ignored
 SAMPLE_SEED = 0  # the tokenizer must not depend on the training seed (runs share it)
 WAIT_SECONDS = 4 * 3600  # how long other ranks wait for local rank 0 to prepare
+RECENT_FAILURE = 600  # a failure of rank 0 this close before a rank waits is this launch's
 
 
 def prepared_dir(cfg: DataConfig, sources: dict[str, Source]) -> Path:
@@ -75,13 +77,18 @@ def prepare(cfg: DataConfig) -> Path:
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    _failed(folder).unlink(missing_ok=True)
     try:
         seconds = _build(cfg, sources, tmp)
         tmp.rename(folder)  # a prepared folder is complete or absent, never half-written
-    except OSError:
-        if not (folder / "meta.json").is_file():  # not another process finishing first
-            raise
-        return folder
+    except Exception as err:
+        if isinstance(err, OSError) and (folder / "meta.json").is_file():
+            return folder  # another process finished first
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # The ranks waiting for the folder stop with this error instead of waiting for
+            # hours (launchers that start every rank themselves may not stop the others).
+            _failed(folder).write_text(first_line(err))
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"prepared in {sum(seconds.values()):.0f} s (" +
@@ -90,9 +97,21 @@ def prepare(cfg: DataConfig) -> Path:
     return folder
 
 
+def _failed(folder: Path) -> Path:
+    """Where local rank 0 leaves its error when it could not prepare ``folder``."""
+    return folder.with_name(f"{folder.name}.failed")
+
+
 def _wait_for(folder: Path) -> Path:
+    """``folder`` once local rank 0 has prepared it; its error where it failed (a failure
+    older than RECENT_FAILURE seconds is an earlier launch's, which rank 0 clears)."""
+    started = time.time()
     deadline = time.monotonic() + WAIT_SECONDS
     while not (folder / "meta.json").is_file():
+        failed = _failed(folder)
+        with suppress(OSError):  # rank 0 may clear it meanwhile
+            if failed.stat().st_mtime > started - RECENT_FAILURE:
+                raise NMTError(f"local rank 0 could not prepare {folder}: {failed.read_text()}")
         if time.monotonic() > deadline:
             raise NMTError(f"gave up waiting for local rank 0 to prepare {folder}")
         time.sleep(2)
