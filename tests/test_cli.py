@@ -393,7 +393,7 @@ def test_undecodable_input_names_the_file_and_line(run, tmp_path, capsys):
     source = tmp_path / "bad.txt"
     source.write_bytes(b"haus\nhund \xff\xfe\n")
     assert main(["translate", "--checkpoint", str(run), "--input", str(source)]) == 1
-    assert capsys.readouterr().err == f"error: {source}, line 2: not valid UTF-8 (byte 5)\n"
+    assert capsys.readouterr().err == f"error: {source}, line 2: not valid UTF-8 (byte 5 of the line)\n"
 
 
 @pytest.mark.parametrize("command", [["translate"], ["evaluate"], ["export", "--out", "x.ct2"]])

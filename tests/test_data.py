@@ -282,7 +282,7 @@ def test_training_leaves_out_pairs_with_an_empty_side_and_says_so(tmp_path, caps
     (b"a one\rb two\nc three\n", 1, "carriage return"),
     ("x\ny one\u2028z two\n".encode(), 2, "U+2028"),
     ("x\ny\nz\u2029\n".encode(), 3, "U+2029"),
-    (b"x\ny \xff\n", 2, "not valid UTF-8"),
+    (b"x\ny \xff\n", 2, "not valid UTF-8 (byte 2 of the line)"),
 ])
 def test_line_breaks_inside_a_line_are_errors(tmp_path, content, line, reason):
     """Lines end at \\n only (as in translate): a stray separator would shift the pairs."""
@@ -293,6 +293,17 @@ def test_line_breaks_inside_a_line_are_errors(tmp_path, content, line, reason):
     message = str(err.value)
     assert f"{tmp_path / 'a'}, line {line}:" in message and reason in message
     assert "\n" not in message
+
+
+def test_invalid_utf8_past_the_first_chunk_names_its_byte_in_the_line(tmp_path, monkeypatch):
+    """The byte was counted from the start of the 16 MiB read chunk the line fell in."""
+    from nmt.data import corpus
+
+    monkeypatch.setattr(corpus, "CHUNK_BYTES", 64)
+    (tmp_path / "a").write_bytes(b"".join(b"line %d\n" % i for i in range(40)) + b"abc\xff\n")
+    (tmp_path / "b").write_bytes(b"x\n" * 41)
+    with pytest.raises(NMTError, match=re.escape("line 41: not valid UTF-8 (byte 3 of the line)")):
+        _read_all(tmp_path / "a", tmp_path / "b")
 
 
 def test_crlf_line_ends_and_counts(tmp_path):

@@ -115,7 +115,8 @@ def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[l
             try:
                 chunk.append(raw.removesuffix(b"\n").decode("utf-8").rstrip("\r"))
             except UnicodeDecodeError as err:
-                raise NMTError(f"{name}, line {number}: not valid UTF-8 (byte {err.start})") from None
+                raise NMTError(f"{name}, line {number}: not valid UTF-8 "
+                               f"(byte {err.start} of the line)") from None
             if len(chunk) == size:
                 yield chunk
                 chunk = []

@@ -173,7 +173,8 @@ def _decode_lines(path: str, data: bytes, done: int) -> list[str]:
         text = data.decode("utf-8").replace("\r\n", "\n")  # Windows line ends
     except UnicodeDecodeError as err:
         line = done + data.count(b"\n", 0, err.start) + 1
-        raise NMTError(f"{path}, line {line}: not valid UTF-8 (byte {err.start})") from None
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1)  # the chunk's offset: no use
+        raise NMTError(f"{path}, line {line}: not valid UTF-8 (byte {column} of the line)") from None
     if found := _LINE_BREAK.search(text):
         line = done + text.count("\n", 0, found.start()) + 1
         raise NMTError(
