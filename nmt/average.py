@@ -95,6 +95,8 @@ def average_run(run_dir: str | Path, last: int | None = None,
     """Average the last ``last`` (default: all) kept checkpoints of ``run_dir`` into ``out``
     (default RUN/averaged.ckpt). Returns the file written and the checkpoints averaged."""
     run_dir = existing_run_dir(run_dir)
+    if (run_dir / "model.bin").is_file():
+        raise NMTError(f"{run_dir} is a CTranslate2 export: nmt average takes a training run")
     paths = step_checkpoints(run_dir)
     if not paths:
         raise NMTError(f"no step checkpoints in {run_dir / STEPS_DIR}: train with "

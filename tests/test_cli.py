@@ -277,10 +277,15 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys):
     (["train", "--config", "configs/transformer.yaml", "--model.family", "cnn"], "rnn, transformer"),
     (["train", "--config", "configs/transformer.yaml", "--max-time", "ten"], "HH:MM:SS"),
     (["bench", "attention", "--max-len", "8"], "--max-len must be at least 32"),
+    # argparse took an abbreviation as the option it starts: a silent --max-epochs 3
+    (["train", "--config", "configs/transformer.yaml", "--max-epoch", "3"], "Key 'max_epoch' not in"),
+    (["translate", "--checkpoint", "README.md", "--bea", "5"], "unrecognized arguments: --bea 5"),
+    (["average", "--checkpoint", "{export}"], "is a CTranslate2 export: nmt average takes a training run"),
 ])
-def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch):
+def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
-    assert main(argv) == 1
+    (tmp_path / "model.bin").write_bytes(b"")  # what marks a CTranslate2 export
+    assert main([arg.format(export=tmp_path) for arg in argv]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 

@@ -20,10 +20,18 @@ from nmt.cli.training import add_compare, add_prepare, add_train
 from nmt.errors import NMTError
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations: ``--max-epoch 3`` is an unknown option, not a silent
+    ``--max-epochs 3``. Subcommands' parsers are of the same class."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+
 def parser() -> argparse.ArgumentParser:
     """The parser tree. Each command's parser names the function that runs it (``run_command``)
     and whether it takes config overrides, ``--section.key VALUE`` (``takes_overrides``)."""
-    top = argparse.ArgumentParser(prog="nmt", description=__doc__.splitlines()[0])
+    top = Parser(prog="nmt", description=__doc__.splitlines()[0])
     top.set_defaults(takes_overrides=False)
     sub = top.add_subparsers(dest="command", required=True)
     for add_command in (add_train, add_prepare, add_decoding, add_serve, add_export, add_average,
