@@ -75,7 +75,8 @@ class AdditiveScorer(Scorer):
     large tensor. In fp32 the two agree to rounding (under 1e-6); under bf16 autocast the
     sigmoid form strays about 1.7x further from the fp32 logits than the tanh form would
     (max error 0.012 against 0.007, attention weights within 8e-4 of fp32's against 5e-4;
-    A = 512, random inputs), as v then sums values near 1 before sum(v) is taken off.
+    A = 512, random inputs, on an AMD EPYC Zen 5), as v then sums values near 1 before
+    sum(v) is taken off.
     On a 2-core AMD EPYC (Zen 3, fp32) the sigmoid kernel ran 3.2x faster over the large
     tensor and the RNN's beam search 1.21x (docs/performance.md; training steps did not move).
     The factor 2 inside the sigmoid goes on the small W q at each step and on U k once per

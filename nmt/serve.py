@@ -43,7 +43,7 @@ from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError
 from nmt.models import build_model, check_model_config, model_option
 from nmt.plots import EOS_PIECE, attention_matrix
-from nmt.translator import check_ensemble, check_run_weights, find_checkpoint, source_limit
+from nmt.translator import check_ensemble, check_run_weights, source_limit
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 FIELDS = ("text", "beam", "attention", "model")
@@ -305,12 +305,11 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
     runs = served_models(paths, engine)
     if engine == "torch":  # weights that cannot load: one line now, not an error in a worker
         for path in runs.values():
-            found = find_checkpoint(Path(path), weights)
+            found = check_run_weights(path, weights)
             if len(runs) > 1 and not found.resolve().is_relative_to(Path(path).resolve()):
                 raise NMTError(f"--weights {weights} with several --checkpoint names a file in "
                                f"each run (e.g. averaged.ckpt), but {path} has none: every model "
                                f"would serve {found}")
-            check_run_weights(path, weights)
     if ensemble:
         check_ensemble(paths[0], ensemble, weights)
     info = [model_info(name, path, engine, ensemble) for name, path in runs.items()]

@@ -156,14 +156,16 @@ def load_weights(model: torch.nn.Module, path: Path, device: torch.device | str,
                        f"({first_line(err)})") from None
 
 
-def check_run_weights(run_dir: str | Path, weights: str | Path | None = None) -> None:
-    """A one-line error now where a run's weights would not load into its model: checked
-    on a model on the meta device, from the memory-mapped file (a server checks this before
-    its worker processes load the models)."""
+def check_run_weights(run_dir: str | Path, weights: str | Path | None = None) -> Path:
+    """The weights file ``find_checkpoint`` picks, after a one-line error where it would not
+    load into the run's model: checked on a model on the meta device, from the memory-mapped
+    file (a server checks this before its worker processes load the models)."""
     config, run_dir = run_config(run_dir), Path(run_dir)
     with torch.device("meta"):
         model = build_model(config.model, len(Tokenizer(run_dir / "spm.model")))
-    load_weights(model, find_checkpoint(run_dir, weights), "cpu", mapped=True)
+    path = find_checkpoint(run_dir, weights)
+    load_weights(model, path, "cpu", mapped=True)
+    return path
 
 
 def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],
