@@ -111,6 +111,10 @@ class TranslationModule(L.LightningModule):
         # Dropout draws depend only on (seed, epoch, batch, rank), so a resumed run continues
         # exactly like an uninterrupted one, whatever else drew random numbers meanwhile.
         torch.manual_seed(hash((self.seed, self.current_epoch, batch_idx, self.global_rank)))
+        # The loggers' step is the updates taken (one optimizer). Lightning restores it one
+        # behind from a checkpoint written inside an epoch (its restart compensation skips that
+        # case), which labelled a resumed run's metrics.csv rows one update early.
+        self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.global_step
         self._step_start = time.perf_counter()
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:

@@ -45,11 +45,22 @@ def checkpoint(run_dir, name="last.ckpt") -> dict:
 
 
 @pytest.fixture(scope="module")
-def straight(corpus, tmp_path_factory):
-    """Two epochs without interruption (4 batches each)."""
+def straight_dir(corpus, tmp_path_factory) -> Path:
+    """A run of two epochs without interruption (4 batches each)."""
     run_dir = tmp_path_factory.mktemp("straight")
     assert main(args(corpus, run_dir)) == 0
-    return checkpoint(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def straight(straight_dir) -> dict:
+    return checkpoint(straight_dir)
+
+
+def logged(run_dir: Path, metric: str) -> list[tuple[str, str]]:
+    """(step, value) of each metrics.csv row that has ``metric``, over the run's segments."""
+    return [(row["step"], row[metric]) for log in sorted((run_dir / "logs").glob("version_*/metrics.csv"))
+            for row in csv.DictReader(open(log)) if row.get(metric)]
 
 
 def assert_same_weights(run_dir, straight: dict) -> None:
@@ -65,7 +76,7 @@ def loader_position(ckpt: dict) -> dict:
 
 
 @pytest.mark.parametrize("budget", [2, 5])  # inside the first epoch; inside the second
-def test_step_budget_inside_an_epoch_then_continue(corpus, straight, tmp_path, budget):
+def test_step_budget_inside_an_epoch_then_continue(corpus, straight, straight_dir, tmp_path, budget):
     assert main(args(corpus, tmp_path, f"trainer.max_steps={budget}")) == 0
     # Epochs trained: the part of the stopped epoch counts as a part (Lightning counts it whole).
     assert json.loads((tmp_path / "train_stats.json").read_text())["epochs"] == budget / 4
@@ -75,6 +86,10 @@ def test_step_budget_inside_an_epoch_then_continue(corpus, straight, tmp_path, b
     assert checkpoint(tmp_path, "best.ckpt")["global_step"] <= budget  # the tail was validated
     assert main(args(corpus, tmp_path)) == 0  # the budget raised: same command without it
     assert_same_weights(tmp_path, straight)
+    # metrics.csv labels each row with its update as the uninterrupted run does (the resumed
+    # segment's rows were one update early).
+    assert logged(tmp_path, "train_loss")[budget:] == logged(straight_dir, "train_loss")[budget:]
+    assert logged(tmp_path, "val_loss")[-1] == logged(straight_dir, "val_loss")[-1]
     # Each segment names the step it started from and the code and device it ran on.
     segments = json.loads((tmp_path / "train_stats.json").read_text())["segments"]
     assert [s["from_step"] for s in segments] == [0, budget]
