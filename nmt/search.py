@@ -219,9 +219,11 @@ def best_unfinished(token: Tensor, top_scores: Tensor, k: int, margin: float | N
     best first -> their positions (n, K) and scores (n, K). With a ``margin``, those more
     than it below the sentence's best score -inf (pruned: they get no row)."""
     positions = torch.arange(token.size(1), device=token.device)
-    rank = torch.where(token == EOS, token.size(1), 0) + positions  # EOS candidates last
-    keep = rank.argsort(dim=-1)[:, :k]
-    scores = top_scores.gather(1, keep)
+    ended = token == EOS
+    keep = (torch.where(ended, token.size(1), 0) + positions).argsort(dim=-1)[:, :k]  # EOS last
+    # An EOS candidate is kept only where fewer than K did not end (K >= the vocabulary's
+    # tokens): it gets no row.
+    scores = top_scores.gather(1, keep).masked_fill(ended.gather(1, keep), float("-inf"))
     if margin is not None:
         best = scores.max(1, keepdim=True).values
         scores = scores.masked_fill(scores < best - margin, float("-inf"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -386,3 +387,16 @@ def test_an_nbest_search_is_never_pruned(random_batch):
     asked = beam_search(model, b.src, b.src_mask, beam_size=4, nbest=3, prune_margin=0.0)
     assert [[h.tokens for h in hyps] for hyps in asked] == [[h.tokens for h in hyps] for hyps in full]
     assert all(len(hyps) == 3 for hyps in asked)
+
+
+@pytest.mark.parametrize("vocab", [4, 5])
+def test_a_beam_as_wide_as_the_vocabulary_carries_no_ended_hypothesis_on(vocab):
+    """With K >= the tokens a row can continue with (here UNK, 4 and EOS), a sentence has
+    fewer than K candidates that did not end: those ending in EOS must not fill its beam
+    (they carried on with EOS inside their tokens)."""
+    model = MarkovModel(vocab=vocab, seed=0)
+    b = reversal_batch(random.Random(0), 8, max_len=10)
+    b = SimpleNamespace(src=b.src % vocab, src_mask=b.src_mask)  # the model's first tokens
+    batched = beam_search(model, b.src, b.src_mask, beam_size=4, alpha=0.6, nbest=2)
+    assert all(EOS not in h.tokens for hyps in batched for h in hyps)
+    _assert_same_as_reference(model, b, batched, 0.6, 2)
