@@ -22,6 +22,7 @@ rejected request travels through the batch as a ``Rejected`` and only its own an
 """
 
 import json
+import math
 import os
 import signal
 import socket
@@ -296,10 +297,14 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
                  precision: str | None = None, ensemble: list[str] = ()) -> litserve.LitServer:
     """A LitServer for the given run (or export) directories; ``run`` it to serve. ``weights``
     (a checkpoint file of each run, e.g. averaged.ckpt), ``precision`` and ``ensemble`` (more
-    runs that decode with the one in ``paths``, as one model named after it) as for translate."""
+    runs that decode with the one in ``paths``, as one model named after it) as for translate;
+    ``timeout``: seconds a request may wait in LitServe's queue before its 504 (0: no limit)."""
     check_engine_options(engine, weights, precision, ensemble)  # now, not in a worker
     if not 1 <= beam <= MAX_BEAM:
         raise NMTError(f"--beam must be from 1 to {MAX_BEAM}, got {beam}")
+    if not (timeout == 0 or BATCH_TIMEOUT < timeout < math.inf):  # LitServe refuses a shorter one
+        raise NMTError(f"--timeout must be 0 (no limit) or a number of seconds over "
+                       f"{BATCH_TIMEOUT}, got {timeout}")
     if ensemble and len(paths) > 1:
         raise NMTError("--ensemble serves one model: give one --checkpoint with it")
     runs = served_models(paths, engine)
@@ -316,7 +321,7 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
     api = TranslationAPI(runs, engine, beam, max_batch, weights, precision, ensemble)
     # cuda or cpu, never LitServe's "auto" pick of Apple's mps, which our models do not run on
     accelerator = "cuda" if torch.cuda.is_available() else "cpu"
-    server = litserve.LitServer(api, accelerator=accelerator, timeout=timeout,
+    server = litserve.LitServer(api, accelerator=accelerator, timeout=timeout or False,
                                 max_payload_size=MAX_PAYLOAD,
                                 model_metadata={"models": info, "default_beam": beam})
     server.app.add_exception_handler(RequestValidationError, bad_body)
@@ -337,7 +342,7 @@ def check_port_free(host: str, port: int) -> None:
 
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: str = "torch",
           beam: int = 5, max_batch: int = 32, weights: str | None = None,
-          precision: str | None = None, ensemble: list[str] = ()) -> None:
+          precision: str | None = None, ensemble: list[str] = (), timeout: float = 120.0) -> None:
     """Serve until Ctrl-C or SIGTERM (either stops LitServe's worker processes too)."""
     if host not in HOSTS:
         raise NMTError(f"--host must be one of {', '.join(HOSTS)} (LitServe binds only these)")
@@ -346,8 +351,7 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
     if max_batch < 1:
         raise NMTError(f"--max-batch must be at least 1, got {max_batch}")
     check_port_free(host, port)
-    server = build_server(paths, engine, beam, max_batch, weights=weights, precision=precision,
-                          ensemble=ensemble)
+    server = build_server(paths, engine, beam, max_batch, timeout, weights, precision, ensemble)
     # SIGTERM as Ctrl-C: LitServe then stops its worker processes. Its forked HTTP server
     # keeps the default, so that LitServe's own terminate() ends it quietly.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -255,6 +255,24 @@ def test_a_server_of_batches_of_one_answers_each_request(runs, tmp_path):
         stop_server(process)
 
 
+def test_a_request_that_waits_past_the_timeout_gets_a_504(runs, tmp_path):
+    """--timeout: requests queued behind others longer than it are answered 504 in our
+    one-line JSON form, the others translated."""
+    translators, paths, sentences = runs
+    process, url = start_server(["--checkpoint", str(paths[0]), "--max-batch", "1",
+                                 "--timeout", "0.1", "--precision", "32-true",
+                                 "--weights", "best.ckpt"], tmp_path / "serve.log")
+    body = {"text": (sentences * 64)[:64], "beam": 8}  # the most a request may ask
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: request(url + "/translate", body), range(8)))
+    finally:
+        stop_server(process)
+    statuses = sorted(status for status, _ in answers)
+    assert statuses[0] == 200 and statuses[-1] == 504, statuses
+    assert all(answer == {"error": "Request timed out"} for status, answer in answers if status == 504)
+
+
 def test_page_and_script_are_served(server):
     status, page = request(server + "/")
     assert status == 200 and '<script src="/app.js">' in page
@@ -331,6 +349,9 @@ def test_web_page_shows_only_the_latest_answers_and_their_warnings(server, runs)
     (["--beam", "0"], "--beam must be from 1 to 16"),
     (["--engine", "ctranslate2", "--precision", "32-true"], "--precision is for the torch engine"),
     (["--weights", "averaged.ckpt"], "weights file not found"),
+    (["--timeout", "-1"], "--timeout must be 0 (no limit) or a number of seconds over 0.02"),
+    (["--timeout", "0.01"], "--timeout must be 0"),
+    (["--timeout", "nan"], "--timeout must be 0"),
 ])
 def test_serve_bad_options_give_one_line_error(runs, capsys, argv, message):
     _, paths, _ = runs

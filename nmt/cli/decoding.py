@@ -282,6 +282,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--beam", type=int, default=5, help="beam size when a request names none")
     serve.add_argument("--engine", default="torch", help="torch | ctranslate2")
     serve.add_argument("--max-batch", type=int, default=32, help="requests decoded together")
+    serve.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                       help="a request still waiting for a worker after this long is answered "
+                            "504 (0: never)")
     serve.add_argument("--weights", help="checkpoint file in each run directory (default: the "
                                          "one training chose)")
     serve.add_argument("--precision", choices=DECODING_PRECISIONS,
@@ -296,7 +299,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     except ImportError:
         raise NMTError('nmt serve needs LitServe: pip install -e ".[serve]"') from None
     serve(args.checkpoint, args.host, args.port, args.engine, args.beam, args.max_batch,
-          args.weights, args.precision, args.ensemble)
+          args.weights, args.precision, args.ensemble, args.timeout)
 
 def add_export(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="convert a Transformer run for another inference engine")
