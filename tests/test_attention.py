@@ -49,14 +49,17 @@ def test_additive_deep_has_one_more_hidden_layer():
 
 
 @pytest.mark.parametrize("need_weights", [True, False])
-def test_symmetric_projects_and_scales_the_attended_values(need_weights):
-    """softmax(Q K^T / sqrt(d)) V W^T / sqrt(d), on the fused and the explicit path."""
+def test_symmetric_projects_and_scales_the_attended_values(monkeypatch, need_weights):
+    """softmax(Q K^T / sqrt(d)) V W^T / sqrt(d), on the fused and the explicit path (the
+    fused kernel taken at every size, as on CUDA)."""
+    monkeypatch.setattr(ScaledDotScorer, "FUSED_CPU_MIN_SCORES", 0)
     torch.manual_seed(0)
     symmetric, scaled = build_scorer("symmetric", 16, 16, 16), build_scorer("scaled_dot", 16, 16, 16)
     q, k, v = torch.randn(2, 4, 3, 16), torch.randn(2, 4, 7, 16), torch.randn(2, 4, 7, 16)
     mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
     plain, _ = scaled.attend(q, k, v, mask, need_weights=True)
-    context, _ = symmetric.attend(q, k, v, mask, need_weights=need_weights)
+    context, weights = symmetric.attend(q, k, v, mask, need_weights=need_weights)
+    assert (weights is None) != need_weights  # the path asked for was taken
     torch.testing.assert_close(context, plain @ symmetric.value_proj.weight.T / 4.0)
 
 

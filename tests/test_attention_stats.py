@@ -30,9 +30,9 @@ from .test_cli import corpus, run  # noqa: F401  (module-scoped fixtures: a tiny
 class OneCrossAttention(nn.Module):
     """A model whose only attention is one dot scorer called "scorer" (a cross-attention)."""
 
-    def __init__(self):
+    def __init__(self, dim: int = 2):
         super().__init__()
-        self.scorer = build_scorer("dot", 2, 2, 2)
+        self.scorer = build_scorer("dot", dim, dim, dim)
 
     def forward(self, query, keys, mask):
         return self.scorer.attend(query, keys, keys, mask)
@@ -53,6 +53,19 @@ def test_recorder_statistics_match_a_hand_computation():
     stats = recorder.stats()
     assert stats == {"cross": {"logit_std": 1.0, "entropy": round(entropy, 4), "diagonal_mass": 1.0}}
     assert "attend" not in vars(model.scorer)  # the scorer's own method is back
+
+
+def test_diagonal_mass_counts_only_the_band_around_the_scaled_diagonal():
+    """T = 2 target rows over S = 8 source keys: the diagonal's centres are j = (i + 1/2) S/T
+    - 1/2 = 1.5 and 5.5. Row 0 looks at key 7 (5.5 away: outside the band of 2), row 1 at key
+    5 (0.5 away: inside), each with all its weight: the mean mass is 1/2."""
+    model = OneCrossAttention(dim=8)
+    keys = torch.eye(8).unsqueeze(0)  # (1, S=8, 8): key j is the j-th unit vector
+    query = 50 * torch.stack([torch.eye(8)[7], torch.eye(8)[5]]).unsqueeze(0)  # (1, T=2, 8)
+    with AttentionRecorder(model) as recorder:
+        recorder.start_batch(torch.ones(1, 8, dtype=torch.bool), torch.ones(1, 2, dtype=torch.bool))
+        model(query, keys, torch.ones(1, 1, 8, dtype=torch.bool))
+    assert recorder.stats()["cross"]["diagonal_mass"] == 0.5
 
 
 def test_every_scorer_is_seen_and_released():

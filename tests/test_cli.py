@@ -20,9 +20,11 @@ import time
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 import yaml
 
+import nmt.translator
 from nmt.cli import main, parser
 from nmt.cli.decoding import input_chunks, open_input
 from nmt.config import load_config, save_config
@@ -195,13 +197,17 @@ def test_very_long_line_is_truncated_with_warning(run, tmp_path, capsys):
     assert len(captured.out.splitlines()) == 1
 
 
-def test_evaluate_writes_scores(run, capsys):
+def test_evaluate_writes_scores(corpus, run, capsys):
     assert main(["evaluate", "--checkpoint", str(run), "--split", "test", "--beam", "2"]) == 0
     out = capsys.readouterr().out
     assert "BLEU" in out and "nrefs:1" in out and "chrF" in out
     scores = json.loads((run / "eval" / "test.beam2.json").read_text())
-    assert 0.0 <= scores["bleu"] <= 100.0 and scores["sentences"] == 30
-    assert len((run / "eval" / "test.beam2.hyp").read_text().splitlines()) == 30
+    hyps = (run / "eval" / "test.beam2.hyp").read_text(encoding="utf-8").splitlines()
+    refs = Path(corpus[1]["test"][1]).read_text(encoding="utf-8").splitlines()
+    assert scores["sentences"] == len(hyps) == len(refs) == 30
+    # The scores are those of the written translations against the references, in order.
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=0.006)
+    assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score, abs=0.006)
     assert scores["prune_margin"] == 3.0  # the decoding config's default
     assert scores["alpha"] == yaml.safe_load((run / "config.yaml").read_text())["decoding"]["alpha"]
 
@@ -233,26 +239,42 @@ def test_evaluate_on_files_of_ones_own(corpus, run, tmp_path, capsys):
         assert message in err and err.count("\n") == 1
 
 
-def test_evaluate_with_another_alpha_keeps_both_results(run):
+def spy_on_beam_search(monkeypatch) -> list[dict]:
+    """The alpha and prune margin of every beam search the translator runs from now on."""
+    calls, search = [], nmt.translator.beam_search
+
+    def recorded(model, src, mask, beam_size, alpha, max_len_ratio, nbest, need_attn, margin):
+        calls.append({"alpha": alpha, "prune_margin": margin})
+        return search(model, src, mask, beam_size, alpha, max_len_ratio, nbest, need_attn, margin)
+
+    monkeypatch.setattr(nmt.translator, "beam_search", recorded)
+    return calls
+
+
+def test_evaluate_with_another_alpha_keeps_both_results(run, monkeypatch):
     """--alpha A writes <split>.beam<k>.alphaA.{hyp,json} beside the default's, which it leaves
     as they were, and records the length penalty it decoded with."""
     args = ["evaluate", "--checkpoint", str(run), "--split", "test", "--beam", "2"]
     assert main(args) == 0
     default = (run / "eval" / "test.beam2.json").read_text()
-    assert main([*args, "--alpha", "1.4"]) == 0
-    scores = json.loads((run / "eval" / "test.beam2.alpha1.4.json").read_text())
-    assert scores["alpha"] == 1.4 and scores["sentences"] == 30
-    assert len((run / "eval" / "test.beam2.alpha1.4.hyp").read_text().splitlines()) == 30
+    searches = spy_on_beam_search(monkeypatch)  # the config's alpha is 1.4
+    assert main([*args, "--alpha", "0.3"]) == 0
+    assert searches and all(call["alpha"] == 0.3 for call in searches)  # decoded with it
+    scores = json.loads((run / "eval" / "test.beam2.alpha0.3.json").read_text())
+    assert scores["alpha"] == 0.3 and scores["sentences"] == 30
+    assert len((run / "eval" / "test.beam2.alpha0.3.hyp").read_text().splitlines()) == 30
     assert (run / "eval" / "test.beam2.json").read_text() == default
 
 
-def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys):
+def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatch):
     """--prune-margin none (the full beam) writes its own files beside the default's, and
     records the margin; a margin that is not a number is a one-line error."""
     args = ["evaluate", "--checkpoint", str(run), "--split", "test", "--beam", "2"]
     assert main(args) == 0
     default = (run / "eval" / "test.beam2.json").read_text()
+    searches = spy_on_beam_search(monkeypatch)
     assert main([*args, "--prune-margin", "none"]) == 0
+    assert searches and all(call["prune_margin"] is None for call in searches)  # the full beam
     scores = json.loads((run / "eval" / "test.beam2.prune-none.json").read_text())
     assert scores["prune_margin"] is None and scores["sentences"] == 30
     assert (run / "eval" / "test.beam2.json").read_text() == default
@@ -466,11 +488,18 @@ def _weights(path, key="state_dict"):
     return torch.load(path, map_location="cpu", weights_only=False)[key]
 
 
+def _segment_starts(run_dir) -> list[int]:
+    """The update each training segment of a run started from (train_stats.json)."""
+    return [s["from_step"] for s in json.loads((run_dir / "train_stats.json").read_text())["segments"]]
+
+
 def test_resume_continues_like_an_uninterrupted_run(corpus, run):
     folder, files = corpus
     resumed = folder / "resumed"
     assert main(tiny_train_args(files, resumed, folder / "data", epochs=1)) == 0  # "killed" here
+    first = torch.load(resumed / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
     assert main(tiny_train_args(files, resumed, folder / "data", epochs=2)) == 0  # same command
+    assert _segment_starts(resumed) == [0, first] and first > 0  # resumed, not trained anew
     straight, again = _weights(run / "last.ckpt"), _weights(resumed / "last.ckpt")
     assert straight.keys() == again.keys()
     for key in straight:
@@ -486,6 +515,7 @@ def test_weight_ema_is_saved_and_resumes_exactly(corpus, run, tmp_path):
     assert main(tiny_train_args(files, straight, folder / "data", epochs=2) + ema) == 0
     assert main(tiny_train_args(files, resumed, folder / "data", epochs=1) + ema) == 0
     assert main(tiny_train_args(files, resumed, folder / "data", epochs=2) + ema) == 0
+    assert _segment_starts(resumed)[0] == 0 and _segment_starts(resumed)[1] > 0  # resumed
     for key in ("state_dict", "current_model_state"):
         want, got = _weights(straight / "last.ckpt", key), _weights(resumed / "last.ckpt", key)
         for name in want:
@@ -662,8 +692,10 @@ def test_killed_run_resumes_to_the_same_weights(corpus, run):
     while not (run_dir / "last.ckpt").exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
-    process.wait()
+    assert process.wait() == -signal.SIGKILL  # killed, not finished
+    cut = torch.load(run_dir / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
     assert main(tiny_train_args(files, run_dir, folder / "data", 2)) == 0
+    assert _segment_starts(run_dir) == [0, cut] and 0 < cut < _weights(run / "last.ckpt", "global_step")
     straight, resumed = _weights(run / "last.ckpt"), _weights(run_dir / "last.ckpt")
     for key in straight:
         torch.testing.assert_close(resumed[key], straight[key], msg=key)

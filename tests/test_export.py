@@ -177,11 +177,14 @@ def test_precision_is_for_the_torch_engine(run, tmp_path, capsys):
     assert "--precision is for the torch engine" in capsys.readouterr().err
 
 
-def test_int8_export_translates(run, tmp_path, sources):
+def test_int8_export_translates(run, tmp_path, sources, exported):
     out = tmp_path / "int8"
     assert main(["export", "--checkpoint", str(run), "--quantization", "int8", "--out", str(out)]) == 0
     results = CTranslate2Translator(out).translate(sources[:5], beam_size=2)
     assert len(results) == 5 and all(r[0].pieces for r in results)
+    # Quantized: its weight matrices take a byte per value where float32's take four (this
+    # tiny model's biases, norms and scales stay float32: 0.6 of the size here).
+    assert (out / "model.bin").stat().st_size < 0.75 * (exported / "model.bin").stat().st_size
 
 
 @pytest.mark.parametrize("model,message", [
@@ -349,3 +352,26 @@ def test_export_of_another_checkpoint_of_the_run(run, tmp_path, corpus):
     for weights, same in (("other.ckpt", True), ("last.ckpt", False)):
         ours = Translator.from_run_dir(copy, "cpu", weights, precision="32-true").translate(lines, 1)
         assert (theirs == pytest.approx([h.log_prob for h, in ours], abs=1e-3)) == same, weights
+
+
+def test_an_export_is_served_with_its_attention(exported, sources):
+    """nmt serve --engine ctranslate2: the answers are the export's own translations, and
+    each text's attention has a row per target piece (EOS included) and a column per source
+    piece; an empty text has none."""
+    pytest.importorskip("litserve")
+    from nmt.serve import TranslationAPI
+
+    api = TranslationAPI({"ct2": str(exported)}, "ctranslate2", default_beam=2, max_batch=4)
+    api.setup("cpu")
+    job = api.decode_request({"text": [*sources[:4], ""], "attention": True})
+    answer = api._translate_group([job])[0]
+    # with attention, as served (a beam search then decodes each sentence alone: see
+    # CTranslate2Translator, its limit is then the sentence's own)
+    own = CTranslate2Translator(exported).translate(sources[:4], beam_size=2, need_attn=True)
+    assert answer["model"] == "ct2" and answer["translations"] == [r[0].text for r in own] + [""]
+    for view, result in zip(answer["attention"], own):
+        assert view["target"][:-1] == result[0].pieces and view["target"][-1] == "</s>"
+        assert len(view["weights"]) == len(view["target"])
+        assert all(len(row) == len(view["source"]) for row in view["weights"])
+        assert all(sum(row) == pytest.approx(1, abs=1e-2) for row in view["weights"])
+    assert answer["attention"][-1] is None

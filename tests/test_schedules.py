@@ -1,5 +1,6 @@
 """Learning-rate schedules as functions of the step, and dropout by the budget's epochs."""
 
+import csv
 import json
 import math
 import re
@@ -15,7 +16,7 @@ from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
 from nmt.models import check_model_config
-from nmt.schedules import budget_horizon, steps_per_epoch, warmup_cosine
+from nmt.schedules import budget_horizon, inverse_sqrt, steps_per_epoch, warmup_cosine
 from nmt.trainer import max_time
 from nmt.training import train
 
@@ -30,6 +31,15 @@ def test_cosine_warms_up_then_anneals_to_the_floor_at_the_budget():
     assert factor(110) == pytest.approx(0.1) and factor(500) == pytest.approx(0.1)
     steps = [factor(s) for s in range(10, 111)]
     assert all(a >= b for a, b in zip(steps, steps[1:]))  # never rises after the peak
+
+
+def test_inverse_sqrt_warms_up_linearly_then_decays_as_one_over_the_root_of_the_step():
+    """Vaswani et al. eq. (3) relative to its peak at the end of warm-up: step s (from 0)
+    trains at min((s + 1) / w, sqrt(w / (s + 1)))."""
+    factor = inverse_sqrt(warmup=100)
+    assert factor(0) == pytest.approx(0.01) and factor(49) == pytest.approx(0.5)
+    assert factor(99) == pytest.approx(1.0)  # the peak
+    assert factor(399) == pytest.approx(0.5) and factor(9_999) == pytest.approx(0.1)
 
 
 def test_cosine_needs_a_budget():
@@ -302,3 +312,7 @@ def test_the_plateau_schedule_acts_at_every_validation(tmp_path, interval, valid
                  f"trainer.val_check_interval={interval}"]) == 0
     last = torch.load(run / "last.ckpt", map_location="cpu", weights_only=False)
     assert last["lr_schedulers"][0]["last_epoch"] == validations
+    with open(run / "logs" / "version_0" / "metrics.csv") as f:
+        bleus = [float(row["val_bleu"]) for row in csv.DictReader(f) if row["val_bleu"]]
+    assert len(bleus) == validations  # and the best it weighed is the best validation BLEU
+    assert last["lr_schedulers"][0]["best"] == pytest.approx(max(bleus), abs=1e-4)

@@ -137,13 +137,17 @@ def test_nbest_sorted_distinct_and_length_penalty_applied(random_batch):
     assert length_penalty(7, 0.0) == 1.0
 
 
-def test_output_length_is_bounded_by_ratio():
-    model = _model("rnn", "dot")  # untrained: rarely ends by itself
+@pytest.mark.parametrize("family", ["rnn", "transformer"])
+def test_output_length_is_bounded_by_ratio(family):
+    """Each sentence's own limit, ratio x (its length + EOS) + 5 with EOS: 9 and 16 here."""
+    model = _model(family, "dot")  # untrained: rarely ends by itself
     b = collate([(0, [5, 6, 7], [5]), (1, [5] * 10, [5])])
-    for hyps in beam_search(model, b.src, b.src_mask, beam_size=3, max_len_ratio=1.0):
-        assert len(hyps[0].tokens) < 4 + 5 + 11  # ratio x (len + EOS) + 5, EOS excluded
+    limits = [(3 + 1) + 5, (10 + 1) + 5]
+    assert max_output_lengths(b.src_mask, 1.0, model.max_positions).tolist() == limits
+    for hyps, limit in zip(beam_search(model, b.src, b.src_mask, beam_size=3, max_len_ratio=1.0), limits):
+        assert len(hyps[0].tokens) <= limit - 1  # EOS excluded
     greedy = greedy_search(model, b.src, b.src_mask, max_len_ratio=1.0)
-    assert len(greedy[0].tokens) <= 4 + 5 - 1
+    assert [len(h.tokens) for h in greedy] == [limit - 1 for limit in limits]  # ran to each
 
 
 @pytest.mark.parametrize("family", ["rnn", "transformer"])
