@@ -53,6 +53,8 @@ def max_time(value: str | None) -> str | None:
         raise NMTError(f"--max-time must be HH:MM:SS, got '{value}'")
     days, hours, minutes, seconds = map(int, [0] * (4 - len(parts)) + parts)
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total == 0:
+        raise NMTError(f"--max-time {value} trains nothing: give a budget above 0")
     days, rest = divmod(total, 86400)
     return f"{days:02d}:{rest // 3600:02d}:{rest // 60 % 60:02d}:{rest % 60:02d}"
 

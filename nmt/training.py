@@ -29,7 +29,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from nmt.average import final_weights
-from nmt.config import Config, DecodingConfig, OptimConfig, run_dir_of, save_config
+from nmt.config import DECODING_PRECISIONS, Config, DecodingConfig, OptimConfig, run_dir_of, save_config
 from nmt.data.batching import Batch, TokenBatchSampler
 from nmt.data.module import (
     PreparedData,
@@ -58,7 +58,7 @@ from nmt.resume import (
 from nmt.schedules import SCHEDULERS, SCHEDULES, steps_per_epoch
 from nmt.search import greedy_search
 from nmt.trainer import BEST_METRICS, build_trainer, max_time
-from nmt.translator import check_max_len_ratio
+from nmt.translator import decoding_options
 
 
 class TranslationModule(L.LightningModule):
@@ -240,11 +240,23 @@ def check_data_config(config: Config) -> None:
                        "needs two languages")
     if d.num_workers < 0:
         raise NMTError(f"data.num_workers must be 0 or more, got {d.num_workers}")
-    if config.seed < 0:
-        raise NMTError(f"seed must be 0 or more, got {config.seed}")
-    if config.decoding.beam_size < 1:
-        raise NMTError(f"decoding.beam_size must be at least 1, got {config.decoding.beam_size}")
-    check_max_len_ratio(config.decoding.max_len_ratio)  # validation decodes
+    if not 0 <= config.seed < 2**32:  # numpy's seeds
+        raise NMTError(f"seed must be from 0 to {2**32 - 1}, got {config.seed}")
+    check_decoding_config(config.decoding)
+
+
+def check_decoding_config(dec: DecodingConfig) -> None:
+    """The run's decoding options, which validation uses and translate, evaluate and serve
+    take by default: now, not at the first translation after training."""
+    if dec.beam_size < 1:
+        raise NMTError(f"decoding.beam_size must be at least 1, got {dec.beam_size}")
+    try:
+        decoding_options(dec, None, dec.nbest, None)
+    except NMTError as err:
+        raise NMTError(f"decoding: {err}") from None
+    if dec.precision not in DECODING_PRECISIONS:
+        raise NMTError(f"unknown decoding.precision '{dec.precision}'; choose one of: "
+                       f"{', '.join(DECODING_PRECISIONS)}")
 
 
 def check_model_fits(config: Config) -> None:
@@ -264,8 +276,17 @@ def check_optim_config(optim: OptimConfig) -> None:
     """The schedule by name, and values the optimizer and schedules take."""
     if optim.schedule not in SCHEDULES:
         raise NMTError(f"unknown schedule '{optim.schedule}'; choose one of: {', '.join(SCHEDULES)}")
-    if not optim.lr > 0:
+    if not 0 < optim.lr < math.inf:
         raise NMTError(f"optim.lr must be above 0, got {optim.lr}")
+    if not 0 <= optim.min_lr <= optim.lr:
+        raise NMTError(f"optim.min_lr must be from 0 to optim.lr ({optim.lr}), got {optim.min_lr}")
+    if not 0 <= optim.weight_decay < math.inf:
+        raise NMTError(f"optim.weight_decay must be 0 or more, got {optim.weight_decay}")
+    if not 0 < optim.plateau_factor < 1 or optim.plateau_patience < 0:
+        raise NMTError(f"optim.plateau_factor must be in (0, 1) and optim.plateau_patience 0 or "
+                       f"more, got {optim.plateau_factor} and {optim.plateau_patience}")
+    if not 0 <= optim.ema_decay < 1:
+        raise NMTError(f"optim.ema_decay must be in [0, 1) (0: off), got {optim.ema_decay}")
     if not 0 <= optim.label_smoothing < 1:
         raise NMTError(f"optim.label_smoothing must be in [0, 1), got {optim.label_smoothing}")
     if len(optim.betas) != 2 or not all(0 <= beta < 1 for beta in optim.betas):
@@ -294,8 +315,11 @@ def check_trainer_config(config: Config) -> None:
     if t.max_epochs == 0 or t.max_steps == 0:
         raise NMTError("trainer.max_epochs and trainer.max_steps of 0 train nothing: give a budget "
                        "(-1: no limit)")
-    if t.gradient_clip_val is not None and t.gradient_clip_val < 0:
+    if t.gradient_clip_val is not None and not 0 <= t.gradient_clip_val < math.inf:
         raise NMTError(f"trainer.gradient_clip_val must be 0 (off) or more, got {t.gradient_clip_val}")
+    if t.keep_last_checkpoints < 0:
+        raise NMTError(f"trainer.keep_last_checkpoints must be 0 (none) or more, got "
+                       f"{t.keep_last_checkpoints}")
     if t.accumulate_grad_batches < 1:
         raise NMTError(f"trainer.accumulate_grad_batches must be at least 1, got "
                        f"{t.accumulate_grad_batches}")
