@@ -183,7 +183,15 @@ class TranslationModule(L.LightningModule):
         # Each rank decoded its share of the set; add counts, then score once.
         stats = self.trainer.strategy.reduce(stats, reduce_op="sum")
         val_loss = self.trainer.strategy.reduce(self._val_loss, reduce_op="sum")
-        self.log("val_loss", val_loss[0] / val_loss[1].clamp(min=1), prog_bar=True)
+        loss = val_loss[0] / val_loss[1].clamp(min=1)
+        if not torch.isfinite(loss) and self.trainer.state.fn == TrainerFn.FITTING:
+            # Diverged: stop before this validation's checkpoints are written (weights that are
+            # NaN decode nothing). Every process has the same reduced loss, so all stop.
+            raise NMTError(f"training diverged: validation loss {loss.item()} at update "
+                           f"{self.global_step}; lower optim.lr or clip gradients "
+                           "(trainer.gradient_clip_val). The run's checkpoints are those of the "
+                           "validation before, if any")
+        self.log("val_loss", loss, prog_bar=True)
         bleu = bleu_from_statistics(stats.tolist())
         self.log("val_bleu", bleu, prog_bar=True)
         self.step_plateau(bleu)

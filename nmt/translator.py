@@ -152,8 +152,14 @@ def load_weights(model: torch.nn.Module, path: Path, device: torch.device | str,
         state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
         model.load_state_dict(state, assign=mapped)
     except Exception as err:  # unpickling, missing keys, shape mismatches, ...
-        raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint "
-                       f"({first_line(err)})") from None
+        # torch's reason is on the lines after "Error(s) in loading state_dict for ...:"
+        reason = " ".join(str(err).split())
+        reason = reason if len(reason) <= 300 else reason[:300] + " ..."
+        raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint ({reason or first_line(err)})"
+                       ) from None
+    if not mapped and not all(t.isfinite().all() for t in state.values() if t.is_floating_point()):
+        raise NMTError(f"cannot load {path}: its weights are not finite (NaN or infinite): the "
+                       "training that wrote it diverged")
 
 
 def check_run_weights(run_dir: str | Path, weights: str | Path | None = None) -> Path:

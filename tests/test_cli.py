@@ -501,6 +501,42 @@ def test_incompatible_checkpoint_and_output_not_truncated(run, tmp_path, capsys)
     assert out.read_text() == "earlier results\n"
 
 
+@pytest.mark.parametrize("change,message", [
+    ("nan", "its weights are not finite (NaN or infinite): the training that wrote it diverged"),
+    ("rename", "Missing key(s) in state_dict: \"embed.weight\""),  # the reason, not its header
+])
+def test_weights_that_cannot_decode_are_named_in_one_line(run, tmp_path, capsys, change, message):
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("config.yaml", "spm.model"):
+        (other / name).write_bytes((run / name).read_bytes())
+    checkpoint = torch.load(run / "last.ckpt", map_location="cpu", weights_only=False)
+    weights = checkpoint["state_dict"]
+    if change == "nan":
+        weights["model.embed.weight"][5, 0] = float("nan")
+    else:
+        weights["model.embedding.weight"] = weights.pop("model.embed.weight")
+    torch.save(checkpoint, other / "best.ckpt")
+    source = tmp_path / "in.txt"
+    source.write_text("haus\n")
+    assert main(["translate", "--checkpoint", str(other), "--input", str(source)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_run_that_diverges_stops_in_one_line_before_writing_its_weights(corpus, tmp_path, capsys):
+    """A learning rate of 1e30 makes the weights NaN by the first validation: training stops
+    there (it went on to the end, exit 0, with NaN checkpoints that decoded nothing), and a
+    fixed command starts the run anew in the same folder."""
+    folder, files = corpus
+    args = tiny_train_args(files, tmp_path / "run", folder / "data", epochs=2)
+    assert main([*args, "optim.lr=1e30", "optim.warmup_steps=1", "trainer.gradient_clip_val=0"]) == 1
+    err = capsys.readouterr().err
+    assert "error: training diverged: validation loss nan at update" in err
+    assert not list((tmp_path / "run").rglob("*.ckpt"))
+    assert main(args) == 0 and (tmp_path / "run" / "last.ckpt").is_file()
+
+
 def _weights(path, key="state_dict"):
     return torch.load(path, map_location="cpu", weights_only=False)[key]
 
