@@ -286,8 +286,8 @@ def check_optim_config(optim: OptimConfig) -> None:
         raise NMTError(f"unknown schedule '{optim.schedule}'; choose one of: {', '.join(SCHEDULES)}")
     if not 0 < optim.lr < math.inf:
         raise NMTError(f"optim.lr must be above 0, got {optim.lr}")
-    if not 0 <= optim.min_lr <= optim.lr:
-        raise NMTError(f"optim.min_lr must be from 0 to optim.lr ({optim.lr}), got {optim.min_lr}")
+    if not 0 <= optim.min_lr < math.inf:
+        raise NMTError(f"optim.min_lr must be 0 or more, got {optim.min_lr}")
     if not 0 <= optim.weight_decay < math.inf:
         raise NMTError(f"optim.weight_decay must be 0 or more, got {optim.weight_decay}")
     if not 0 < optim.plateau_factor < 1 or optim.plateau_patience < 0:
@@ -341,6 +341,7 @@ def check_trainer_config(config: Config) -> None:
 def train(config: Config) -> Path:
     """Train (or resume) the configured model; returns the run directory."""
     check_training_config(config)  # fail on bad options now, not after data preparation
+    absolute_file_paths(config)
     run_dir = run_dir_of(config)
     resume_from = check_resumable(config, run_dir)
     if resume_from is not None and nothing_to_train(config, resume_from):
@@ -377,6 +378,15 @@ def train(config: Config) -> Path:
             # down aborted about every other run ("terminate called without an active exception").
             torch.distributed.destroy_process_group()
     return run_dir
+
+
+def absolute_file_paths(config: Config) -> None:
+    """The corpus files a command names, as absolute paths: the run's config.yaml keeps them,
+    and evaluate, run from another folder, read other files of the same names there."""
+    d = config.data
+    for key in ("train_files", "val_files", "test_files"):
+        if getattr(d, key):
+            setattr(d, key, [str(Path(path).absolute()) for path in getattr(d, key)])
 
 
 def write_run_files(config: Config, run_dir: Path, data: PreparedData, new_run: bool) -> None:

@@ -838,3 +838,26 @@ def test_a_damaged_gzip_corpus_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "train.de.gz: damaged gzip file" in err and "Traceback" not in err
     assert err.count("error:") == 1  # after the "preparing ..." line
+
+
+def test_corpus_files_named_from_one_folder_are_the_runs_from_any_other(corpus, tmp_path,
+                                                                        monkeypatch, capsys):
+    """Relative corpus paths went into config.yaml as typed: evaluate run from another folder
+    then read that folder's files of the same names (or failed). They are saved absolute."""
+    folder, files = corpus
+    monkeypatch.chdir(folder)
+    relative = {split: [Path(path).name for path in pair] for split, pair in files.items()}
+    run_dir = tmp_path / "run"
+    assert main(tiny_train_args(relative, run_dir, tmp_path / "data", epochs=1)) == 0
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]
+    assert saved["test_files"] == [str(folder / name) for name in relative["test"]]
+    elsewhere = tmp_path / "elsewhere"  # the same names, other sentences
+    elsewhere.mkdir()
+    for name in relative["test"]:
+        (elsewhere / name).write_text("".join(f"x{i}\n" for i in range(30)))
+    monkeypatch.chdir(elsewhere)
+    assert main(["evaluate", "--checkpoint", str(run_dir), "--beam", "1"]) == 0
+    hyps = (run_dir / "eval" / "test.beam1.hyp").read_text(encoding="utf-8").splitlines()
+    refs = Path(files["test"][1]).read_text(encoding="utf-8").splitlines()
+    assert json.loads((run_dir / "eval" / "test.beam1.json").read_text())["bleu"] == \
+        pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=0.006)
