@@ -76,7 +76,8 @@ def average_state_dicts(paths: list[Path]) -> dict[str, torch.Tensor]:
     dtypes: dict[str, torch.dtype] = {}
     for path in paths:
         state = _load(path)["state_dict"]
-        if total and state.keys() != total.keys():
+        if total and (state.keys() != total.keys()
+                      or any(value.shape != total[key].shape for key, value in state.items())):
             raise NMTError(f"{path} holds other weights than {paths[0]}: not the same model")
         for key, value in state.items():
             dtypes[key] = value.dtype

@@ -29,7 +29,7 @@ from torch import nn
 from nmt.config import Config, load_config, run_config
 from nmt.data.tokenizer import Tokenizer
 from nmt.engines import decoding_device
-from nmt.errors import NMTError
+from nmt.errors import NMTError, first_line
 from nmt.models import model_option
 from nmt.models.transformer import TransformerModel
 from nmt.plots import EOS_PIECE
@@ -204,9 +204,13 @@ class CTranslate2Translator:
         self.max_positions = model_option(TransformerModel, self.config.model, "max_positions")
         # the CPU unless asked, as CTranslate2 itself; it takes the device index apart
         device = torch.device(decoding_device(device or "cpu", ctranslate2.get_cuda_device_count()))
-        self.engine = ctranslate2.Translator(str(model_dir), device=device.type,
-                                             device_index=device.index or 0,
-                                             intra_threads=threads or torch.get_num_threads())
+        try:
+            self.engine = ctranslate2.Translator(str(model_dir), device=device.type,
+                                                 device_index=device.index or 0,
+                                                 intra_threads=threads or torch.get_num_threads())
+        except (RuntimeError, ValueError) as err:  # a damaged model.bin or config.json
+            raise NMTError(f"cannot load the CTranslate2 model in {model_dir}: {first_line(err)}; "
+                           "export it again (nmt export)") from None
 
     def encode_lines(self, lines: list[str], warn: bool = True, first_line: int = 1) -> list[list[int]]:
         """Piece ids per line, cut to what the model accepts (room left for EOS)."""

@@ -44,9 +44,11 @@ def test_averaging_two_checkpoints_gives_the_elementwise_mean(tmp_path):
     assert averaged["model.count"].item() == 7
 
 
-def test_checkpoints_of_different_models_are_refused(tmp_path):
+@pytest.mark.parametrize("other", [{"model.v": torch.zeros(2)},  # other names
+                                   {"model.w": torch.zeros(3)}])  # other sizes (vocabulary)
+def test_checkpoints_of_different_models_are_refused(tmp_path, other):
     _save(tmp_path / "steps" / "step1.ckpt", {"model.w": torch.zeros(2)})
-    _save(tmp_path / "steps" / "step2.ckpt", {"model.v": torch.zeros(2)})
+    _save(tmp_path / "steps" / "step2.ckpt", other)
     with pytest.raises(NMTError, match="not the same model"):
         average_run(tmp_path)
 

@@ -375,3 +375,20 @@ def test_an_export_is_served_with_its_attention(exported, sources):
         assert all(len(row) == len(view["source"]) for row in view["weights"])
         assert all(sum(row) == pytest.approx(1, abs=1e-2) for row in view["weights"])
     assert answer["attention"][-1] is None
+
+
+@pytest.mark.parametrize("damage", ["model.bin", "config.json"])
+def test_a_damaged_export_is_a_one_line_error(exported, tmp_path, capsys, damage):
+    broken = tmp_path / "broken.ct2"
+    shutil.copytree(exported, broken)
+    if damage == "model.bin":
+        (broken / damage).write_bytes((exported / damage).read_bytes()[:1000])
+    else:
+        (broken / damage).write_text("{not json")
+    source = tmp_path / "in.txt"
+    source.write_text("haus\n")
+    assert main(["translate", "--engine", "ctranslate2", "--checkpoint", str(broken),
+                 "--input", str(source)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot load the CTranslate2 model in {broken}: ")
+    assert err.count("\n") == 1
