@@ -580,3 +580,24 @@ def test_fewer_training_batches_than_processes_are_refused(tmp_path):
     with pytest.raises(NMTError, match="the training pairs make 1 batch.es. of data.max_tokens 2000, "
                                        "fewer than the 2 processes"):
         check_batches_per_process(module, config, 2)
+
+
+@pytest.mark.parametrize("damage", ["truncated ids", "meta.json", "lengths"])
+def test_a_damaged_prepared_corpus_is_named_in_one_line(tmp_path, damage):
+    """Prepared folders are written whole, so damage came later (a disk, a person): an index
+    error deep in a batch, or a JSON traceback, named neither the folder nor the cure."""
+    files = write_corpus(tmp_path)
+    cfg = DataConfig(train_files=files["train"], val_files=files["val"],
+                     data_dir=str(tmp_path / "data"), vocab_size=100)
+    folder = prepare(cfg)
+    if damage == "truncated ids":
+        ids = folder / "train.de.ids"
+        ids.write_bytes(ids.read_bytes()[:-8])
+    elif damage == "meta.json":
+        (folder / "meta.json").write_text("{")
+    else:
+        (folder / "train.en.lengths.npy").write_bytes(b"no array")
+    with pytest.raises(NMTError, match=f"the prepared corpus in {re.escape(str(folder))} is "
+                                       r"damaged \(.+\): delete the folder"):
+        for lang in ("de", "en"):
+            load_side(folder, "train", lang)

@@ -189,12 +189,27 @@ def _encode_split(chunks, tokenizer: Tokenizer, dtype, stems: list[Path]) -> int
 
 
 def load_side(folder: Path, split: str, lang: str) -> Ragged:
-    """One language side of a prepared split, its ids memory-mapped (read on demand)."""
-    meta = json.loads((folder / "meta.json").read_text())
-    if split not in meta["pairs"]:
+    """One language side of a prepared split, its ids memory-mapped (read on demand); a
+    one-line error naming the folder where its files do not add up (changed since written)."""
+    def damaged(what: str) -> NMTError:
+        return NMTError(f"the prepared corpus in {folder} is damaged ({what}): delete the folder "
+                        "and it is prepared again")
+
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        pairs, dtype = meta["pairs"], np.dtype(meta["dtype"])
+    except (ValueError, TypeError, KeyError) as err:
+        raise damaged(f"meta.json: {first_line(err)}") from None
+    if split not in pairs:
         raise NMTError(f"split '{split}' was not prepared in {folder}")
-    lengths = np.load(folder / f"{split}.{lang}.lengths.npy").astype(np.int64)
     path = folder / f"{split}.{lang}.ids"
-    ids = (np.memmap(path, dtype=meta["dtype"], mode="r") if path.stat().st_size
-           else np.zeros(0, meta["dtype"]))  # numpy cannot map an empty file
+    try:
+        lengths = np.load(folder / f"{split}.{lang}.lengths.npy").astype(np.int64)
+        size = path.stat().st_size
+    except (OSError, ValueError) as err:
+        raise damaged(first_line(err)) from None
+    if size != int(lengths.sum()) * dtype.itemsize:
+        raise damaged(f"{path.name} holds {size} bytes, its lengths {int(lengths.sum())} ids")
+    # numpy cannot map an empty file
+    ids = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
     return Ragged(ids, np.cumsum(lengths) - lengths, lengths)
