@@ -110,8 +110,12 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
             if path.is_file():
                 return path
         raise NMTError(f"weights file not found: {' or '.join(map(str, tried))}")
-    for name in (final_weights_of(run_dir), "best.ckpt", "last.ckpt"):
+    chosen = final_weights_of(run_dir)
+    for name in (chosen, "best.ckpt", "last.ckpt"):
         if name and (run_dir / name).is_file():
+            if chosen and name != chosen:
+                print(f"warning: {run_dir / chosen}, the weights training chose, is gone: "
+                      f"using {name}", file=sys.stderr)
             return run_dir / name
     if (run_dir / "model.bin").is_file():
         raise NMTError(f"{run_dir} is a CTranslate2 export: decode it with --engine ctranslate2")

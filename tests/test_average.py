@@ -127,7 +127,7 @@ def test_a_damaged_kept_checkpoint_leaves_best(tmp_path):
     assert not (tmp_path / "averaged.ckpt").exists()
 
 
-def test_translation_takes_the_weights_training_chose_unless_told(tmp_path):
+def test_translation_takes_the_weights_training_chose_unless_told(tmp_path, capsys):
     for name in ("best.ckpt", "last.ckpt", "averaged.ckpt"):
         (tmp_path / name).write_bytes(b"")
     assert find_checkpoint(tmp_path) == tmp_path / "best.ckpt"  # a run from before the choice
@@ -135,8 +135,11 @@ def test_translation_takes_the_weights_training_chose_unless_told(tmp_path):
     stats.write_text(json.dumps({"final_weights": "averaged.ckpt"}))
     assert find_checkpoint(tmp_path) == tmp_path / "averaged.ckpt"
     assert find_checkpoint(tmp_path, "last.ckpt") == tmp_path / "last.ckpt"
-    (tmp_path / "averaged.ckpt").unlink()  # deleted since: the next one
+    assert capsys.readouterr().err == ""
+    (tmp_path / "averaged.ckpt").unlink()  # deleted since: the next one, and a word on it
     assert find_checkpoint(tmp_path) == tmp_path / "best.ckpt"
+    assert capsys.readouterr().err == (f"warning: {tmp_path / 'averaged.ckpt'}, the weights "
+                                       "training chose, is gone: using best.ckpt\n")
     (tmp_path / "averaged.ckpt").write_bytes(b"")
     forget_final_weights(tmp_path)  # what resuming the run does first: no choice until it ends
     assert find_checkpoint(tmp_path) == tmp_path / "best.ckpt"
