@@ -22,7 +22,7 @@ from nmt.translator import Translator, decoding_options
 
 def split_pairs(data: DataConfig, split: str) -> tuple[list[str], list[str]]:
     """Source lines and their references in ``split`` of the configured corpus."""
-    corpus = load_corpus(data)
+    corpus = load_corpus(data, needed=(split,))
     if split not in corpus:
         raise NMTError(f"split '{split}' not in the corpus; available: {', '.join(corpus)}")
     if len(corpus[split]) == 0:

@@ -196,7 +196,7 @@ def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | 
     first = next(iter(records.values()))
     data = load_config(cfg.families[next(iter(records)).family],
                        cell_overrides(cfg, preset, next(iter(records)), extra or [])).data
-    refs = list(load_corpus(data)["test"]["tgt"])
+    refs = list(load_corpus(data, needed=("test",))["test"]["tgt"])
     rows = summarise(cfg, records, bootstrap_p_values(cfg, records, refs))
     table = markdown(rows, first["scores"]["bleu_signature"])
     if (out / "cost.json").is_file():

@@ -861,3 +861,18 @@ def test_corpus_files_named_from_one_folder_are_the_runs_from_any_other(corpus, 
     refs = Path(files["test"][1]).read_text(encoding="utf-8").splitlines()
     assert json.loads((run_dir / "eval" / "test.beam1.json").read_text())["bleu"] == \
         pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=0.006)
+
+
+def test_evaluating_a_split_needs_only_its_own_files(run, tmp_path, capsys):
+    """A run whose training corpus is gone still evaluates on its test files (it failed with
+    "data.train_files: no such file"); the split whose files are gone is the one-line error."""
+    moved = tmp_path / "run"
+    shutil.copytree(run, moved, ignore=shutil.ignore_patterns("eval", "steps", "logs"))
+    config = yaml.safe_load((moved / "config.yaml").read_text())
+    config["data"]["train_files"] = [str(tmp_path / "gone.de"), str(tmp_path / "gone.en")]
+    (moved / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["evaluate", "--checkpoint", str(moved), "--split", "test", "--beam", "1"]) == 0
+    assert json.loads((moved / "eval" / "test.beam1.json").read_text())["sentences"] == 30
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(moved), "--split", "train", "--beam", "1"]) == 1
+    assert capsys.readouterr().err == f"error: data.train_files: no such file: {tmp_path / 'gone.de'}\n"

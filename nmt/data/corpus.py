@@ -70,10 +70,12 @@ class HubStream:
 Source = tuple[str, str] | datasets.Dataset | HubStream
 
 
-def split_sources(cfg: DataConfig) -> dict[str, Source]:
-    """Where each split comes from: named files, the local folder, or the Hub (loaded)."""
+def split_sources(cfg: DataConfig, needed: tuple[str, ...] = SPLITS) -> dict[str, Source]:
+    """Where each split comes from: named files, the local folder, or the Hub (loaded).
+    Named files must exist for the ``needed`` splits (evaluating one split of a run needs
+    its files alone, not the training corpus, which may be gone)."""
     if cfg.train_files or cfg.val_files or cfg.test_files:
-        return _named_files(cfg)
+        return _named_files(cfg, needed)
     if cfg.hub_dataset is None and (local := local_files(cfg)) is not None:
         return local
     return _from_hub(cfg)
@@ -122,9 +124,10 @@ class Corpus(Mapping):
         return len(self.sources)
 
 
-def load_corpus(cfg: DataConfig) -> Corpus:
-    """The configured corpus; ``train`` is cut to ``cfg.train_lines`` if set."""
-    return Corpus(split_sources(cfg), cfg.train_lines)
+def load_corpus(cfg: DataConfig, needed: tuple[str, ...] = SPLITS) -> Corpus:
+    """The configured corpus; ``train`` is cut to ``cfg.train_lines`` if set. Named files
+    must exist for the ``needed`` splits (see ``split_sources``)."""
+    return Corpus(split_sources(cfg, needed), cfg.train_lines)
 
 
 def read_lines(path: str) -> Iterator[list[str]]:
@@ -233,7 +236,7 @@ def source_identity(source: Source) -> list:
     return [(str(path), st.st_size, st.st_mtime_ns) for path, st in stats]
 
 
-def _named_files(cfg: DataConfig) -> dict[str, Source]:
+def _named_files(cfg: DataConfig, needed: tuple[str, ...]) -> dict[str, Source]:
     files = {}
     for split in SPLITS:
         pair = getattr(cfg, f"{split}_files")
@@ -241,7 +244,7 @@ def _named_files(cfg: DataConfig) -> dict[str, Source]:
             continue
         if len(pair) != 2:
             raise NMTError(f"data.{split}_files needs two paths [source, target], got {pair}")
-        for path in pair:
+        for path in pair if split in needed else ():
             if Path(path).is_dir():
                 raise NMTError(f"data.{split}_files: {path} is a folder, not a file")
             if not Path(path).is_file():
