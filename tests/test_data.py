@@ -601,3 +601,13 @@ def test_a_damaged_prepared_corpus_is_named_in_one_line(tmp_path, damage):
                                        r"damaged \(.+\): delete the folder"):
         for lang in ("de", "en"):
             load_side(folder, "train", lang)
+
+
+@pytest.mark.parametrize("corpus", ["../../elsewhere", "owner/name"])
+def test_a_corpus_name_with_slashes_is_prepared_under_prepared(tmp_path, corpus):
+    from nmt.data.prepare import prepared_dir
+
+    cfg = DataConfig(corpus=corpus, data_dir=str(tmp_path / "data"))
+    folder = prepared_dir(cfg, {})
+    assert folder.parent == tmp_path / "data" / "prepared"
+    assert folder.name.startswith(corpus.replace("/", "--") + ".de-en.")

@@ -48,7 +48,8 @@ def prepared_dir(cfg: DataConfig, sources: dict[str, Source]) -> Path:
               for split, source in sources.items()}
     key = json.dumps([FORMAT, inputs, cfg.train_lines, cfg.vocab_size, cfg.spm_sample])
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-    name = cfg.hub_dataset.replace("/", "--") if cfg.hub_dataset else cfg.corpus
+    # one folder under prepared/ whatever the name holds (a Hub "owner/name", "../x")
+    name = (cfg.hub_dataset or cfg.corpus).replace("/", "--")
     return Path(cfg.data_dir) / "prepared" / f"{name}.{'-'.join(langs)}.{digest}"
 
 
