@@ -244,3 +244,16 @@ def test_an_average_that_cannot_be_written_leaves_no_temporary_file(tmp_path):
     with pytest.raises(NMTError, match="a_folder.ckpt is a directory"):
         average_run(tmp_path, out=tmp_path / "a_folder.ckpt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_folder.ckpt", "steps"]
+
+
+def test_an_average_never_replaces_a_file_that_is_not_a_checkpoint(tmp_path):
+    """--out corpus.de replaced the corpus file; an earlier average (any name) may be replaced."""
+    _save(tmp_path / "run" / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
+    corpus = tmp_path / "corpus.de"
+    corpus.write_text("ein Haus\n")
+    with pytest.raises(NMTError, match="exists and is not a checkpoint"):
+        average_run(tmp_path / "run", out=corpus)
+    assert corpus.read_text() == "ein Haus\n"
+    for _ in range(2):  # the second time over the first's file
+        out, _ = average_run(tmp_path / "run", out=tmp_path / "avg.pt")
+    assert torch.load(out)["state_dict"]["model.w"].tolist() == [1.0, 1.0]
