@@ -876,3 +876,22 @@ def test_evaluating_a_split_needs_only_its_own_files(run, tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", str(moved), "--split", "train", "--beam", "1"]) == 1
     assert capsys.readouterr().err == f"error: data.train_files: no such file: {tmp_path / 'gone.de'}\n"
+
+
+def test_translate_reads_gzip_and_takes_a_dash_for_stdout(run, tmp_path, capsys, monkeypatch):
+    """--input x.gz was read as bytes of gzip (train and evaluate --files decompress it);
+    --output - wrote a file named "-"."""
+    monkeypatch.chdir(tmp_path)
+    plain = tmp_path / "in.de"
+    plain.write_text("haus\nein kleines haus\n")
+    packed = tmp_path / "in.de.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert main(["translate", "--checkpoint", str(run), "--input", str(plain), "--beam", "1"]) == 0
+    expected = capsys.readouterr().out
+    assert expected.count("\n") == 2
+    assert main(["translate", "--checkpoint", str(run), "--input", str(packed), "--beam", "1",
+                 "--output", "-"]) == 0
+    assert capsys.readouterr().out == expected and not (tmp_path / "-").exists()
+    packed.write_bytes(packed.read_bytes()[:-12])  # truncated
+    assert main(["translate", "--checkpoint", str(run), "--input", str(packed)]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {packed}: damaged gzip file")

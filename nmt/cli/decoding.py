@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import gzip
 import os
 import signal
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -49,8 +51,8 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--precision", choices=DECODING_PRECISIONS,
                        help="decoding precision (default: the run's decoding.precision, auto)")
     translate = sub.choices["translate"]
-    translate.add_argument("--input", help="input file (default stdin)")
-    translate.add_argument("--output", help="output file (default stdout)")
+    translate.add_argument("--input", help="input file, .gz too (default or -: stdin)")
+    translate.add_argument("--output", help="output file (default or -: stdout)")
     translate.add_argument("--nbest", type=int, help="hypotheses per line, in Moses' n-best "
                            "format where more than 1 (default: the run's decoding.nbest, 1)")
     translate.add_argument("--buffer-lines", type=positive_int, default=BUFFER_LINES,
@@ -97,11 +99,14 @@ def parse_margin(text: str) -> float | None:
     return margin
 
 def open_input(path: str | None) -> AbstractContextManager[BinaryIO]:
-    """The input as bytes: a file, a pipe such as /dev/stdin, or stdin (left open after)."""
+    """The input as bytes: a file (``.gz`` decompressed, as corpus files are), a pipe such
+    as /dev/stdin, or stdin (left open after)."""
     try:
-        return open(path, "rb") if path else nullcontext(sys.stdin.buffer)
+        if not path:
+            return nullcontext(sys.stdin.buffer)
+        return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
     except OSError as err:
-        raise NMTError(f"cannot read {path or 'stdin'}: {err.strerror}") from None
+        raise NMTError(f"cannot read {path}: {err.strerror}") from None
 
 
 def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[list[str]]:
@@ -120,6 +125,8 @@ def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[l
             if len(chunk) == size:
                 yield chunk
                 chunk = []
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:  # a truncated or false .gz
+        raise NMTError(f"{name}: damaged gzip file ({err})") from None
     except OSError as err:  # a disk or a terminal failing part of the way
         raise NMTError(f"cannot read {name}: {err.strerror}") from None
     if chunk:
@@ -162,6 +169,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
+    args.input, args.output = (None if path == "-" else path for path in (args.input, args.output))
     picture_options(args)
     check_output_is_not_input(args.input, args.output)
     translator = open_translator(args, sentences=args.buffer_lines)
