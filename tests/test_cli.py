@@ -895,3 +895,24 @@ def test_translate_reads_gzip_and_takes_a_dash_for_stdout(run, tmp_path, capsys,
     packed.write_bytes(packed.read_bytes()[:-12])  # truncated
     assert main(["translate", "--checkpoint", str(run), "--input", str(packed)]) == 1
     assert capsys.readouterr().err.startswith(f"error: {packed}: damaged gzip file")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_translate_stopped_part_of_the_way_leaves_no_temporary_file(run, tmp_path, stop):
+    """SIGHUP (a closed terminal) left the hidden temporary output behind, exit 129."""
+    source = tmp_path / "in.de"
+    source.write_text("ein kleines haus\n" * 5000)
+    out = tmp_path / "out.en"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run), "--input",
+         str(source), "--output", str(out), "--buffer-lines", "1", "--beam", "1"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not [p for p in tmp_path.iterdir() if p.name.startswith(".out.en")] \
+            and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # a few chunks written
+    process.send_signal(stop)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and err.endswith("interrupted\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.de"]

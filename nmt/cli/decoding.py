@@ -159,13 +159,16 @@ def output_writer(path: str | None) -> Iterator[Callable[[str], object]]:
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, while the block runs: blocks that
-    write (``atomic_path``) then remove their temporary files."""
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    """SIGTERM and SIGHUP (its terminal closed) raise KeyboardInterrupt, as Ctrl-C does,
+    while the block runs: blocks that write (``atomic_path``) then remove their temporary
+    files."""
+    previous = {sig: signal.signal(sig, signal.default_int_handler)
+                for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
