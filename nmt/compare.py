@@ -86,15 +86,24 @@ def load_compare_config(path: str | None) -> CompareConfig:
         return OmegaConf.to_object(schema)
     try:
         layer = OmegaConf.create(yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
-        return OmegaConf.to_object(OmegaConf.merge(schema, layer))
+        cfg = OmegaConf.to_object(OmegaConf.merge(schema, layer))
     except FileNotFoundError:
         raise NMTError(f"compare config not found: {path}") from None
     except (yaml.YAMLError, UnicodeDecodeError, OmegaConfBaseException, TypeError) as err:
         raise NMTError(f"bad compare config {path}: {str(err).splitlines()[0]}") from None
+    # now, not when the first cell has trained
+    if cfg.beam < 1 or cfg.bootstrap_samples < 1 or any(i < 0 for i in cfg.plot_sentences):
+        raise NMTError(f"bad compare config {path}: beam and bootstrap_samples must be at least 1 "
+                       f"and plot_sentences line numbers from 0, got {cfg.beam}, "
+                       f"{cfg.bootstrap_samples} and {cfg.plot_sentences}")
+    return cfg
 
 
 def preset_of(cfg: CompareConfig, preset: str) -> PresetConfig:
     """The named preset, after checking that its families and baselines exist."""
+    if not cfg.presets:
+        raise NMTError("the compare config defines no presets (presets: {NAME: {groups: ...}}, "
+                       "as configs/compare.yaml)")
     if preset not in cfg.presets:
         raise NMTError(f"unknown preset '{preset}'; choose one of: {', '.join(cfg.presets)}")
     chosen = cfg.presets[preset]

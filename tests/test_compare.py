@@ -252,11 +252,15 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
     refused(hyps, (translations[: translations.rindex(b"\n", 0, -1) + 1], b"\xff\xfe\n"),
             "is not the cell's")
     bad = tmp_path / "compare.yaml"
-    for text in ("presets: [a: b", "\udcff", "[1, 2]", "presets: {a: {groups: [1]}}"):
+    for text in ("presets: [a: b", "\udcff", "[1, 2]", "presets: {a: {groups: [1]}}", "beam: 0",
+                 "plot_sentences: [-1]"):
         bad.write_text(text, errors="surrogateescape")
         assert main(["compare", "--config", str(bad), "--preset", "a", "--tables-only"]) == 1
         err = capsys.readouterr().err
         assert f"bad compare config {bad}" in err and "Traceback" not in err
+    bad.write_text("name: empty\n")
+    assert main(["compare", "--config", str(bad), "--preset", "a", "--tables-only"]) == 1
+    assert "the compare config defines no presets" in capsys.readouterr().err
 
 
 def test_heatmap_of_known_alignment_has_shape_and_labels():
