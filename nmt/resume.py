@@ -34,6 +34,11 @@ RESUMABLE_CHANGES = {
 }
 
 
+# Where the corpus files are: saved absolute, so a moved project names them elsewhere. The
+# training pairs are compared by their content instead (check_training_data).
+CORPUS_FILES = {"data.train_files", "data.val_files", "data.test_files"}
+
+
 # Options named first where a run differs in several: another model family or language pair
 # is the plainest reason a run directory is not this run's.
 PLAINEST = ("model.family", "data.src_lang", "data.tgt_lang")
@@ -75,13 +80,8 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     # covers only options the command gives: a command that leaves embed_init out resumes the
     # RNN it trained before the option existed (its checkpoint carries the embedding scale).
     before, now = with_model_defaults(before), with_model_defaults(now)
-    # Runs saved before their corpus files were made absolute name them from the folder
-    # training ran in: taken from this one.
-    for key in ("data.train_files", "data.val_files", "data.test_files"):
-        if before.get(key):
-            before[key] = [str(Path(path).absolute()) for path in before[key]]
     for key in sorted(before.keys() | now.keys(), key=lambda k: (k not in PLAINEST, k)):
-        if key not in RESUMABLE_CHANGES and key.split(".")[0] != "decoding" \
+        if key not in RESUMABLE_CHANGES | CORPUS_FILES and key.split(".")[0] != "decoding" \
                 and before.get(key) != now.get(key):
             raise NMTError(
                 f"{run_dir} holds a run trained with {key}={before.get(key)!r}, not "

@@ -71,7 +71,7 @@ def top_k(x: Tensor, k: int, block: int = 100) -> tuple[Tensor, Tensor]:
     count = width // block
     if width % block or count <= k:  # no whole blocks, or no blocks to skip
         return x.topk(k, dim=-1)
-    blocks = x.view(n * count, block)
+    blocks = x.reshape(n * count, block)  # a view of contiguous rows
     chosen = blocks.view(n, count, block).amax(-1).topk(k, dim=-1).indices  # (n, k) block numbers
     # whole blocks by row number: 1.5x faster than a gather of each element (Zen 5, 1,500 rows)
     rows = (torch.arange(n, device=x.device).unsqueeze(1) * count + chosen).view(-1)  # (n * k,)

@@ -188,9 +188,9 @@ class TranslationModule(L.LightningModule):
             # Diverged: stop before this validation's checkpoints are written (weights that are
             # NaN decode nothing). Every process has the same reduced loss, so all stop.
             raise NMTError(f"training diverged: validation loss {loss.item()} at update "
-                           f"{self.global_step}; lower optim.lr or clip gradients "
-                           "(trainer.gradient_clip_val). The run's checkpoints are those of the "
-                           "validation before, if any")
+                           f"{self.global_step}; train again with a lower optim.lr or clipped "
+                           "gradients (trainer.gradient_clip_val), in a new --run-dir if this one "
+                           "has checkpoints (those of the validation before)")
         self.log("val_loss", loss, prog_bar=True)
         bleu = bleu_from_statistics(stats.tolist())
         self.log("val_bleu", bleu, prog_bar=True)

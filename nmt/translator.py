@@ -161,7 +161,7 @@ def load_weights(model: torch.nn.Module, path: Path, device: torch.device | str,
         reason = reason if len(reason) <= 300 else reason[:300] + " ..."
         raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint ({reason or first_line(err)})"
                        ) from None
-    if not mapped and not all(t.isfinite().all() for t in state.values() if t.is_floating_point()):
+    if not all(t.isfinite().all() for t in state.values() if t.is_floating_point()):
         raise NMTError(f"cannot load {path}: its weights are not finite (NaN or infinite): the "
                        "training that wrote it diverged")
 

@@ -9,6 +9,7 @@ import csv
 import gzip
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -31,6 +32,7 @@ from nmt.config import load_config, save_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.module import prepare_data, split_dataset
 from nmt.errors import NMTError
+from nmt.translator import check_run_weights
 
 from .conftest import REPO, tiny_train_args, write_corpus
 
@@ -522,6 +524,8 @@ def test_weights_that_cannot_decode_are_named_in_one_line(run, tmp_path, capsys,
     assert main(["translate", "--checkpoint", str(other), "--input", str(source)]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+    with pytest.raises(NMTError, match=re.escape(message)):  # as serve checks before its workers
+        check_run_weights(other)
 
 
 def test_a_run_that_diverges_stops_in_one_line_before_writing_its_weights(corpus, tmp_path, capsys):
@@ -897,22 +901,29 @@ def test_translate_reads_gzip_and_takes_a_dash_for_stdout(run, tmp_path, capsys,
     assert capsys.readouterr().err.startswith(f"error: {packed}: damaged gzip file")
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
-def test_translate_stopped_part_of_the_way_leaves_no_temporary_file(run, tmp_path, stop):
-    """SIGHUP (a closed terminal) left the hidden temporary output behind, exit 129."""
+@pytest.mark.parametrize("stop,nohup", [(signal.SIGTERM, False), (signal.SIGHUP, False),
+                                        (signal.SIGHUP, True)])
+def test_translate_stopped_part_of_the_way_leaves_no_temporary_file(run, tmp_path, stop, nohup):
+    """SIGHUP (a closed terminal) left the hidden temporary output behind, exit 129. Under
+    nohup (SIGHUP ignored) it translates on; SIGTERM then stops it."""
     source = tmp_path / "in.de"
     source.write_text("ein kleines haus\n" * 5000)
     out = tmp_path / "out.en"
     process = subprocess.Popen(
         [sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run), "--input",
          str(source), "--output", str(out), "--buffer-lines", "1", "--beam", "1"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None)
     deadline = time.time() + 120
     while not [p for p in tmp_path.iterdir() if p.name.startswith(".out.en")] \
             and process.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)  # a few chunks written
     process.send_signal(stop)
+    if nohup:
+        time.sleep(1.0)
+        assert process.poll() is None  # still translating
+        process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130 and err.endswith("interrupted\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.de"]

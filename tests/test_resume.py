@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -499,3 +500,25 @@ def test_a_run_that_spent_its_time_budget_says_so_and_a_larger_one_trains_on(cor
     assert checkpoint(tmp_path)["global_step"] == steps
     assert main(args(corpus, tmp_path, "--max-time", "00:00:05", *slow)) == 0
     assert checkpoint(tmp_path)["global_step"] > steps
+
+
+def test_a_moved_project_resumes_from_its_new_place(corpus, tmp_path, monkeypatch):
+    """Corpus files and run directory named from the project folder; the folder moved (a new
+    machine, a container's mount), the same command resumes: config.yaml names the corpus
+    files where they were (absolute), and the training pairs are compared by content."""
+    folder, files = corpus
+    project = tmp_path / "project"
+    (project / "corpus").mkdir(parents=True)
+    for pair in files.values():
+        for path in pair:
+            shutil.copy(path, project / "corpus")
+    relative = {split: [f"corpus/{Path(path).name}" for path in pair] for split, pair in files.items()}
+    command = tiny_train_args(relative, Path("run"), Path("data"), epochs=2) + DROPOUT
+    monkeypatch.chdir(project)
+    assert main([*command, "trainer.max_steps=2"]) == 0
+    monkeypatch.chdir(tmp_path)
+    project.rename(tmp_path / "moved")
+    monkeypatch.chdir(tmp_path / "moved")
+    assert main(command) == 0
+    segments = json.loads(Path("run/train_stats.json").read_text())["segments"]
+    assert [s["from_step"] for s in segments] == [0, 2]

@@ -252,6 +252,8 @@ def test_top_k_returns_the_values_and_positions_of_torch_topk(width, k):
     assert torch.equal(values, expected)
     assert torch.equal(x.gather(1, positions), values)  # positions point at those values
     assert all(len(set(row)) == k for row in positions.tolist())
+    strided = torch.stack([x, x], dim=1)[:, 1]  # rows that are not contiguous in memory
+    assert torch.equal(top_k(strided, k)[0], expected)
 
 
 def test_a_longer_hypothesis_that_overtakes_by_its_length_penalty_is_found():

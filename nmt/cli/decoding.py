@@ -161,9 +161,10 @@ def output_writer(path: str | None) -> Iterator[Callable[[str], object]]:
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM and SIGHUP (its terminal closed) raise KeyboardInterrupt, as Ctrl-C does,
     while the block runs: blocks that write (``atomic_path``) then remove their temporary
-    files."""
+    files. A signal the process ignores (``nohup``) stays ignored."""
     previous = {sig: signal.signal(sig, signal.default_int_handler)
-                for sig in (signal.SIGTERM, signal.SIGHUP)}
+                for sig in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(sig) is not signal.SIG_IGN}  # nohup's: outlive the terminal
     try:
         yield
     finally:
@@ -294,8 +295,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--engine", default="torch", help="torch | ctranslate2")
     serve.add_argument("--max-batch", type=int, default=32, help="requests decoded together")
     serve.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
-                       help="a request still waiting for a worker after this long is answered "
-                            "504 (0: never)")
+                       help="a request that has waited this long when the worker comes to it "
+                            "is answered 504 (0: never)")
     serve.add_argument("--weights", help="checkpoint file in each run directory (default: the "
                                          "one training chose)")
     serve.add_argument("--precision", choices=DECODING_PRECISIONS,
