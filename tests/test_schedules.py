@@ -229,7 +229,7 @@ def test_odd_sizes_and_booleans_for_sizes_are_refused_before_a_model_is_built(mo
     ("data.train_lines=-5", "data.train_lines must be at least 1 (or null: all), got -5"),
     ("data.num_workers=-1", "data.num_workers must be 0 or more, got -1"),
     ("data.src_lang=en", "data.src_lang and data.tgt_lang are both 'en': translation needs two"),
-    ("--seed -1", "seed must be 0 or more, got -1"),
+    ("--seed -1", "seed must be from 0 to 4294967295, got -1"),
     ("decoding.beam_size=0", "decoding.beam_size must be at least 1, got 0"),
     ("decoding.max_len_ratio=-1", "decoding.max_len_ratio must be 0 or more, got -1"),
     ("optim.label_smoothing=2", "optim.label_smoothing must be in [0, 1), got 2"),
