@@ -148,8 +148,8 @@ def load_run(run_dir: str | Path, device: torch.device, weights: str | Path | No
 def load_weights(model: torch.nn.Module, path: Path, device: torch.device | str,
                  mapped: bool = False) -> None:
     """The weights of checkpoint ``path`` into ``model``; a one-line error where they do not
-    fit it. ``mapped``: the file memory-mapped and its tensors assigned, not copied (a model
-    on the meta device is then checked without reading them)."""
+    fit it or are not finite. ``mapped``: the file memory-mapped and its tensors assigned, not
+    copied (a model on the meta device is then checked with one read of the file)."""
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=False,
                                 mmap=mapped and zipfile.is_zipfile(path))
@@ -159,8 +159,8 @@ def load_weights(model: torch.nn.Module, path: Path, device: torch.device | str,
         # torch's reason is on the lines after "Error(s) in loading state_dict for ...:"
         reason = " ".join(str(err).split())
         reason = reason if len(reason) <= 300 else reason[:300] + " ..."
-        raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint ({reason or first_line(err)})"
-                       ) from None
+        raise NMTError(f"cannot load {path}: incompatible or damaged checkpoint "
+                       f"({reason or first_line(err)})") from None
     if not all(t.isfinite().all() for t in state.values() if t.is_floating_point()):
         raise NMTError(f"cannot load {path}: its weights are not finite (NaN or infinite): the "
                        "training that wrote it diverged")
