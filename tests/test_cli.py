@@ -913,7 +913,8 @@ def test_translate_stopped_part_of_the_way_leaves_no_temporary_file(run, tmp_pat
         [sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run), "--input",
          str(source), "--output", str(out), "--buffer-lines", "1", "--beam", "1"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None)
+        # as nohup leaves it, or as a terminal's session does (whatever ran the tests: nohup too)
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN if nohup else signal.SIG_DFL))
     deadline = time.time() + 120
     while not [p for p in tmp_path.iterdir() if p.name.startswith(".out.en")] \
             and process.poll() is None and time.time() < deadline:
