@@ -136,6 +136,15 @@ def test_translate_in_chunks_writes_what_the_whole_input_gives(run, tmp_path, ca
         assert main(["translate", "--checkpoint", str(run), "--input", str(source),
                      "--buffer-lines", buffer, "--plot-attention", str(pictures)]) == 0
         assert sorted(p.name for p in pictures.iterdir()) == ["0001.png", "0003.png"]
+    # Pictures of an earlier input would stand beside this one's as if they were its own.
+    capsys.readouterr()
+    source.write_text("hund\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(run), "--input", str(source),
+                 "--plot-attention", str(pictures)]) == 1
+    assert capsys.readouterr().err == (f"error: --plot-attention {pictures} holds pictures of an "
+                                       "earlier input (0001.png, ...): name a new folder, or "
+                                       "empty this one\n")
+    assert sorted(p.name for p in pictures.iterdir()) == ["0001.png", "0003.png"]
 
 
 def test_translate_streams_each_line_as_it_arrives(run):

@@ -244,11 +244,16 @@ def check_plot_options(translator, args: argparse.Namespace) -> None:
 
     layers, heads = attention_layout(translator, args.attention_kind)
     check_attention_choice(layers, heads, args.attention_layer, args.attention_head)
+    folder = Path(args.plot_attention)
     try:
-        Path(args.plot_attention).mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        earlier = sorted(p.name for p in folder.glob("[0-9][0-9][0-9][0-9]*.png"))
     except OSError as err:
         raise NMTError(f"--plot-attention {args.plot_attention}: cannot make a folder there "
                        f"({err.strerror})") from None
+    if earlier:  # they would stand beside the new ones as if of this input
+        raise NMTError(f"--plot-attention {args.plot_attention} holds pictures of an earlier "
+                       f"input ({earlier[0]}, ...): name a new folder, or empty this one")
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from nmt.evaluate import eval_file_stem, evaluate_split, files_name, margin_name, write_evaluation
