@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import gzip
 import os
 import signal
 import sys
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -101,10 +99,12 @@ def parse_margin(text: str) -> float | None:
 def open_input(path: str | None) -> AbstractContextManager[BinaryIO]:
     """The input as bytes: a file (``.gz`` decompressed, as corpus files are), a pipe such
     as /dev/stdin, or stdin (left open after)."""
+    from nmt.data.corpus import open_bytes  # here: it imports datasets, which --help need not
+
     try:
         if not path:
             return nullcontext(sys.stdin.buffer)
-        return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+        return open_bytes(path)
     except OSError as err:
         raise NMTError(f"cannot read {path}: {err.strerror}") from None
 
@@ -112,6 +112,8 @@ def open_input(path: str | None) -> AbstractContextManager[BinaryIO]:
 def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[list[str]]:
     """The lines of ``stream`` (called ``name`` in errors) as text, ``size`` at a time, each
     chunk as soon as its lines have arrived; a line that is not UTF-8 is an error naming it."""
+    from nmt.data.corpus import GZIP_ERRORS
+
     chunk = []
     try:
         for number, raw in enumerate(stream, start=1):  # split on \n only, as files are written
@@ -125,7 +127,7 @@ def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[l
             if len(chunk) == size:
                 yield chunk
                 chunk = []
-    except (EOFError, gzip.BadGzipFile, zlib.error) as err:  # a truncated or false .gz
+    except GZIP_ERRORS as err:  # before OSError: gzip.BadGzipFile is one
         raise NMTError(f"{name}: damaged gzip file ({err})") from None
     except OSError as err:  # a disk or a terminal failing part of the way
         raise NMTError(f"cannot read {name}: {err.strerror}") from None

@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import datasets
 
@@ -143,16 +144,24 @@ def read_lines(path: str) -> Iterator[list[str]]:
             yield lines
 
 
+# What reading a truncated .gz, or a file named .gz that is not gzip, raises part of the way
+GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+
+
+def open_bytes(path: str) -> BinaryIO:
+    """A file for reading its bytes, ``.gz`` decompressed (reads may raise ``GZIP_ERRORS``)."""
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
 def read_blocks(path: str) -> Iterator[bytes]:
     """The bytes of a file (``.gz`` decompressed), in non-empty blocks of up to
     ``CHUNK_BYTES``, less a UTF-8 byte-order mark at its start (Windows editors write one: it
     is not text of the first line)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
+    with open_bytes(path) as f:
         for number in itertools.count():
             try:
                 block = f.read(CHUNK_BYTES)
-            except (EOFError, gzip.BadGzipFile, zlib.error) as err:  # truncated or not gzip
+            except GZIP_ERRORS as err:
                 raise NMTError(f"{path}: damaged gzip file ({err})") from None
             if not block:
                 return
