@@ -97,12 +97,13 @@ def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None
     return beam_size, alpha
 
 
-def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
+def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool = True) -> Path:
     """``weights`` if given: a file in the run directory (e.g. averaged.ckpt from ``nmt
     average``, steps/step30.ckpt), else a path with a folder in it as given (absolute, or from
     the current directory; a bare name is never looked for outside the run); otherwise the
     run's final weights (train_stats.json, see ``nmt.average.final_weights``), else best.ckpt,
-    else last.ckpt."""
+    else last.ckpt, with a warning unless ``warn`` is False (a check before the load that
+    warns)."""
     if weights is not None:
         inside, given = run_dir / weights, Path(weights)
         tried = [inside] if given.parent == Path(".") or given.is_absolute() else [inside, given]
@@ -113,7 +114,7 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None) -> Path:
     chosen = final_weights_of(run_dir)
     for name in (chosen, "best.ckpt", "last.ckpt"):
         if name and (run_dir / name).is_file():
-            if chosen and name != chosen:
+            if warn and chosen and name != chosen:
                 print(f"warning: {run_dir / chosen}, the weights training chose, is gone: "
                       f"using {name}", file=sys.stderr)
             return run_dir / name
@@ -173,7 +174,7 @@ def check_run_weights(run_dir: str | Path, weights: str | Path | None = None) ->
     config, run_dir = run_config(run_dir), Path(run_dir)
     with torch.device("meta"):
         model = build_model(config.model, len(Tokenizer(run_dir / "spm.model")))
-    path = find_checkpoint(run_dir, weights)
+    path = find_checkpoint(run_dir, weights, warn=False)  # the workers' load warns
     load_weights(model, path, "cpu", mapped=True)
     return path
 
@@ -194,7 +195,7 @@ def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],
         if (Path(other) / "model.bin").is_file():
             raise NMTError(f"{other} is a CTranslate2 export: --ensemble takes training runs")
         other_config = run_config(other)
-        find_checkpoint(Path(other), weights)
+        find_checkpoint(Path(other), weights, warn=False)  # load_run warns
         if (other_config.data.src_lang, other_config.data.tgt_lang) != pair:
             raise NMTError(f"cannot ensemble {other} ({other_config.data.src_lang}->"
                            f"{other_config.data.tgt_lang}) with {run_dir} ({pair[0]}->{pair[1]})")

@@ -121,6 +121,19 @@ def test_translate_and_evaluate_with_an_ensemble(runs, tmp_path, monkeypatch, ca
     assert not (runs / "a" / "eval" / "test.beam3.json").exists()  # the run alone keeps its own
 
 
+def test_a_members_missing_chosen_weights_are_named_once(runs, tmp_path, monkeypatch, capsys):
+    """The members are checked before they load: the word on weights that are gone came twice."""
+    monkeypatch.chdir(tmp_path)
+    member = tmp_path / "b"
+    shutil.copytree(runs / "b", member, ignore=shutil.ignore_patterns("eval"))
+    (member / "train_stats.json").write_text(json.dumps({"final_weights": "averaged.ckpt"}))
+    (tmp_path / "in.txt").write_text("haus mann\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(runs / "a"), "--ensemble", str(member),
+                 "--input", "in.txt"]) == 0
+    err = capsys.readouterr().err
+    assert err.count(f"warning: {member / 'averaged.ckpt'}, the weights training chose, is gone") == 1
+
+
 @pytest.mark.parametrize("options,message", [
     (["--ensemble", "{other}"], "their SentencePiece models differ, and an ensemble needs one"),
     (["--ensemble", "{b}", "--plot-attention", "pics"], "--plot-attention draws one model's attention"),
