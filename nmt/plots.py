@@ -161,7 +161,10 @@ def save_line_panels(path: str | Path, panels: list[tuple[str, dict[str, tuple[l
 
 def check_picture_path(path: str | Path) -> None:
     """A one-line error, before any work, where matplotlib cannot write a picture named
-    ``path`` (without a suffix it writes a PNG)."""
+    ``path`` (without a suffix it writes a PNG, so a folder's name would draw NAME.png)."""
+    if Path(path).is_dir():
+        raise NMTError(f"cannot draw a picture named {path}: it is a folder; name a file in it, "
+                       f"e.g. {Path(path) / 'times.png'}")
     formats = FigureCanvasBase.get_supported_filetypes()
     suffix = Path(path).suffix.lstrip(".").lower()
     if suffix and suffix not in formats:

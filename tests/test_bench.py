@@ -51,6 +51,10 @@ def test_bench_attention_refuses_a_picture_name_matplotlib_cannot_write(tmp_path
     assert "cannot draw a picture named" in err and ".png" in err and "Traceback" not in err
     assert out == ""  # refused before anything was timed
     check_picture_path(tmp_path / "times")  # no suffix: matplotlib writes a PNG
+    assert main(["bench", "attention", "--plot", str(tmp_path)]) == 1  # it drew {tmp_path}.png
+    err = capsys.readouterr().err
+    assert f"cannot draw a picture named {tmp_path}: it is a folder" in err and err.count("\n") == 1
+    assert not tmp_path.with_suffix(".png").exists()
 
 
 @pytest.fixture(scope="module")
