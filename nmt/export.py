@@ -208,9 +208,12 @@ class CTranslate2Translator:
             self.engine = ctranslate2.Translator(str(model_dir), device=device.type,
                                                  device_index=device.index or 0,
                                                  intra_threads=threads or torch.get_num_threads())
-        except (RuntimeError, ValueError) as err:  # a damaged model.bin or config.json
+        except (RuntimeError, ValueError) as err:  # a damaged model.bin or config.json, or
+            # no room for the model on the device: exporting again would not help there
+            advice = ("free memory on the device, or decode on another one (--device)"
+                      if "out of memory" in str(err).lower() else "export it again (nmt export)")
             raise NMTError(f"cannot load the CTranslate2 model in {model_dir}: {first_line(err)}; "
-                           "export it again (nmt export)") from None
+                           f"{advice}") from None
 
     def encode_lines(self, lines: list[str], warn: bool = True, first_line: int = 1) -> list[list[int]]:
         """Piece ids per line, cut to what the model accepts (room left for EOS)."""

@@ -377,6 +377,22 @@ def test_an_export_is_served_with_its_attention(exported, sources):
     assert answer["attention"][-1] is None
 
 
+def test_an_export_without_room_on_the_device_is_not_called_damaged(exported, tmp_path, capsys,
+                                                                    monkeypatch):
+    def out_of_memory(*args, **kwargs):  # as CTranslate2 reports a full GPU
+        raise RuntimeError("CUDA failed with error out of memory")
+
+    monkeypatch.setattr(export.ctranslate2, "Translator", out_of_memory)
+    source = tmp_path / "in.txt"
+    source.write_text("haus\n")
+    assert main(["translate", "--engine", "ctranslate2", "--checkpoint", str(exported),
+                 "--input", str(source)]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: cannot load the CTranslate2 model in {exported}: CUDA failed with "
+                   "error out of memory; free memory on the device, or decode on another one "
+                   "(--device)\n")
+
+
 @pytest.mark.parametrize("damage", ["model.bin", "config.json"])
 def test_a_damaged_export_is_a_one_line_error(exported, tmp_path, capsys, damage):
     broken = tmp_path / "broken.ct2"
