@@ -582,7 +582,7 @@ def test_fewer_training_batches_than_processes_are_refused(tmp_path):
         check_batches_per_process(module, config, 2)
 
 
-@pytest.mark.parametrize("damage", ["truncated ids", "meta.json", "lengths"])
+@pytest.mark.parametrize("damage", ["truncated ids", "meta.json", "meta.json gone", "lengths"])
 def test_a_damaged_prepared_corpus_is_named_in_one_line(tmp_path, damage):
     """Prepared folders are written whole, so damage came later (a disk, a person): an index
     error deep in a batch, or a JSON traceback, named neither the folder nor the cure."""
@@ -595,6 +595,8 @@ def test_a_damaged_prepared_corpus_is_named_in_one_line(tmp_path, damage):
         ids.write_bytes(ids.read_bytes()[:-8])
     elif damage == "meta.json":
         (folder / "meta.json").write_text("{")
+    elif damage == "meta.json gone":  # deleted after prepare() found it: a FileNotFoundError
+        (folder / "meta.json").unlink()
     else:
         (folder / "train.en.lengths.npy").write_bytes(b"no array")
     with pytest.raises(NMTError, match=f"the prepared corpus in {re.escape(str(folder))} is "
