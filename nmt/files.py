@@ -7,8 +7,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-import torch
-
 from nmt.errors import NMTError
 
 
@@ -51,6 +49,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def save_atomic(obj: object, path: str | Path) -> None:
     """``torch.save`` through ``atomic_path``. torch reports a failed write (a full disk, a
     file size limit) as a RuntimeError, which becomes a one-line error here."""
+    import torch  # here: the CLI's parsing imports this module (nmt.config), and no torch
+
     with atomic_path(path) as tmp:
         try:
             torch.save(obj, tmp)
