@@ -6,13 +6,17 @@ the weighted sum of values) is done once, in ``Scorer.attend``:
     weights = softmax(score(q, k) masked),  context = weights @ values
 
 ``prepare_keys`` does the key-side work once per sentence so that decoding steps reuse it.
-Scorers keep no state between calls. Adding a scorer = one subclass + one ``SCORERS`` entry.
+Scorers keep no state between calls. Adding a scorer = one subclass (``score`` and
+``score_flops``, ``prepare_keys`` where it has key-side work) + one ``SCORERS`` entry: the
+command line, the FLOP counts and the tests that run every scorer find it there; the attention
+study runs it once a preset of ``configs/compare.yaml`` names it.
 All tensors may carry extra leading dims (heads): queries (..., T, Dq), keys (..., S, Dk).
 """
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +27,9 @@ from nmt.dropout import dropout as apply_dropout
 from nmt.errors import NMTError
 
 
-class Scorer(nn.Module):
-    """Base class: subclasses implement ``score`` and, if they have key-side work, ``prepare_keys``."""
+class Scorer(nn.Module, ABC):
+    """Base class: subclasses implement ``score`` and ``score_flops`` and, if they have
+    key-side work, ``prepare_keys`` (a subclass missing one cannot be built: a TypeError)."""
 
     def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
         super().__init__()
@@ -34,9 +39,16 @@ class Scorer(nn.Module):
         """(..., S, Dk) -> (..., S, D') key-side projection, computed once per sentence."""
         return keys
 
+    @abstractmethod
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         """(..., T, Dq), prepared keys (..., S, D') -> logits (..., T, S)."""
-        raise NotImplementedError
+
+    @abstractmethod
+    def score_flops(self, t: int, s: int) -> int:
+        """Forward FLOPs of ``prepare_keys`` over S keys plus ``score`` for T queries (one
+        head, one sentence; 2 per multiply-add, elementwise work counted too). What does not
+        grow with T must be ``prepare_keys``' own: the RNN counts ``score_flops(0, s)`` once
+        per sentence and the rest at every decoder step."""
 
     def flops(self, t: int, s: int) -> int:
         """Forward FLOPs of ``attend`` for T queries and S keys (one head, one sentence):

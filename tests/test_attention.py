@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-from nmt.attention import SCORERS, MultiHeadAttention, ScaledDotScorer, build_scorer
+from nmt.attention import SCORERS, MultiHeadAttention, ScaledDotScorer, Scorer, build_scorer
 from nmt.errors import NMTError
 
 
@@ -78,8 +81,36 @@ def test_scaled_dot_fused_equals_explicit(monkeypatch, fused_from):
     torch.testing.assert_close(fused, explicit)
 
 
+@pytest.mark.parametrize("name", list(SCORERS))
+def test_a_scorers_flop_count_covers_the_matmuls_it_runs(name):
+    """``flops`` (prepare_keys, score, the weighted sum) against torch's count of the matmuls
+    really run: at least those, and at most a few more per (T, S, A) element (the additive
+    scorers' broadcast sum and squashing, which torch does not count). The RNN counts the
+    key-side part once per sentence: score_flops(0, S) is prepare_keys' count alone."""
+    t, s, d, a = 3, 5, 8, 6
+    scorer = build_scorer(name, d, d, a)
+    query, keys = torch.randn(1, t, d), torch.randn(1, s, d)
+    with FlopCounterMode(display=False) as counter:
+        scorer.attend(query, scorer.prepare_keys(keys), keys, None)
+    assert counter.get_total_flops() <= scorer.flops(t, s) <= counter.get_total_flops() + 3 * t * s * a
+    with FlopCounterMode(display=False) as counter:
+        scorer.prepare_keys(keys)
+    assert scorer.score_flops(0, s) == counter.get_total_flops()
+
+
+def test_a_scorer_without_its_flop_count_cannot_be_built():
+    """Every FLOP count (bench train, compare --cost) asks the scorer: found when it is built,
+    not as an AttributeError in the middle of a benchmark."""
+    class Bilinear(Scorer):
+        def score(self, query, keys):
+            return query @ keys.transpose(-1, -2)
+
+    with pytest.raises(TypeError, match="score_flops"):
+        Bilinear(4, 4, 4)
+
+
 def test_unknown_scorer_lists_valid_names():
-    with pytest.raises(NMTError, match="additive, additive_deep, dot, general, scaled_dot, symmetric"):
+    with pytest.raises(NMTError, match=re.escape(f"choose one of: {', '.join(SCORERS)}")):
         build_scorer("cosine", 4, 4, 4)
 
 

@@ -432,16 +432,28 @@ def test_input_may_be_a_pipe(tmp_path):
         list(input_chunks(stream, 10, "/proc/self/mem"))
 
 
-def test_help_names_every_scorer(capsys):
-    from nmt.attention import SCORERS
-    from nmt.cli.options import SCORER_NAMES
+def test_help_names_every_scorer(capsys, monkeypatch):
+    """From the registry: a scorer added there is named by --help (a list of names kept
+    beside it for the help had to be edited too)."""
+    from nmt.attention import SCORERS, GeneralScorer
 
-    assert SCORER_NAMES == tuple(SCORERS)
+    monkeypatch.setitem(SCORERS, "bilinear", GeneralScorer)  # a researcher's new entry
     for command in (["train"], ["bench", "train"]):
         with pytest.raises(SystemExit):
             main([*command, "--help"])
         help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps the line
         assert f"--attention ATTENTION {' | '.join(SCORERS)}" in help_text
+        assert help_text.count("bilinear") == 1
+
+
+def test_parsing_the_command_line_imports_no_torch():
+    """Parsing (and so every one-line refusal of a bad option) stays quick: torch is imported
+    by the commands that need it (it had come in through nmt.files, ~1 s)."""
+    check = ("import sys; from nmt.cli import parser; "
+             "parser().parse_known_args(['train', '--attention', 'dot', '--seed', '3']); "
+             "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert done.stdout == "False\n"
 
 
 def test_undecodable_input_names_the_file_and_line(run, tmp_path, capsys):

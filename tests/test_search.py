@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from nmt.attention import SCORERS
 from nmt.bench import count_rows
 from nmt.data.batching import collate
 from nmt.data.tokenizer import BOS, EOS
@@ -26,8 +27,7 @@ from nmt.search import (
 
 from .conftest import reversal_batch, tiny_model
 
-CASES = [(family, attention) for family in ("rnn", "transformer")
-         for attention in ("additive", "dot", "general", "scaled_dot")]
+CASES = [(family, attention) for family in ("rnn", "transformer") for attention in SCORERS]
 
 
 def _model(family, attention, **options):

@@ -15,17 +15,18 @@ import sys
 from nmt.allocator import keep_freed_memory
 from nmt.cli.bench import add_bench
 from nmt.cli.decoding import add_average, add_decoding, add_export, add_serve
-from nmt.cli.options import dotted_overrides, named_overrides
+from nmt.cli.options import HelpFormatter, dotted_overrides, named_overrides
 from nmt.cli.training import add_compare, add_prepare, add_train
 from nmt.errors import NMTError
 
 
 class Parser(argparse.ArgumentParser):
     """argparse without abbreviations: ``--max-epoch 3`` is an unknown option, not a silent
-    ``--max-epochs 3``. Subcommands' parsers are of the same class."""
+    ``--max-epochs 3``; help names the scorers (``HelpFormatter``). Subcommands' parsers are
+    of the same class."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, allow_abbrev=False, **kwargs)
+        super().__init__(*args, allow_abbrev=False, formatter_class=HelpFormatter, **kwargs)
 
 
 def parser() -> argparse.ArgumentParser:

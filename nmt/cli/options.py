@@ -8,9 +8,9 @@ import json
 
 from nmt.errors import NMTError
 
-# The scorers' names for --help, spelled out so that parsing needs no torch (nmt.attention.SCORERS;
-# a test keeps the two in step).
-SCORER_NAMES = ("additive", "additive_deep", "dot", "general", "scaled_dot", "symmetric")
+# Where a help text says this, --help prints the scorers' names from nmt.attention.SCORERS
+# (``HelpFormatter``): they have one home, and parsing itself needs no torch.
+SCORER_NAMES = "{scorer names}"
 # The training flags that train, prepare, compare and bench train share:
 # flag -> (the config key it sets, its type, its --help).
 TRAIN_FLAGS = {
@@ -18,11 +18,24 @@ TRAIN_FLAGS = {
     "max_epochs": ("trainer.max_epochs", int, None),
     "max_time": ("trainer.max_time", str, "HH:MM:SS wall-clock limit"),
     "train_lines": ("data.train_lines", int, "train on the first N lines"),
-    "attention": ("model.attention", str, " | ".join(SCORER_NAMES)),
+    "attention": ("model.attention", str, SCORER_NAMES),
     "src_lang": ("data.src_lang", str, None),
     "tgt_lang": ("data.tgt_lang", str, None),
     "seed": ("seed", int, None),
 }
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, with SCORER_NAMES replaced by the registry's names, ``a | b | ...``
+    (torch is imported then: only to print help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = super()._get_help_string(action)
+        if text and SCORER_NAMES in text:
+            from nmt.attention import SCORERS
+
+            text = text.replace(SCORER_NAMES, " | ".join(SCORERS))
+        return text
 
 
 def whole_number(text: str, least: int = 0) -> int:
