@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ from nmt.models.base import select_rows
 
 CACHE = Path(os.environ.get("NMT_CACHE_DIR", Path.home() / ".cache" / "nmt")) / "precision.json"
 BF16_MARGIN = 1.1  # bf16 must win by 10%: autocast's casts cost something the probe omits
+# Rounds whose fp32 / bf16 ratios differ by more than this were disturbed (a busy machine):
+# their answer is used but not cached, so that one noisy start-up does not decide for good.
+STEADY_RATIO = 1.5
 TYPICAL_SOURCE_PIECES = 16  # a Multi30k source: ~15 pieces; sets the sentences of a batch
 
 
@@ -40,6 +44,7 @@ TYPICAL_SOURCE_PIECES = 16  # a Multi30k source: ~15 pieces; sets the sentences 
 class PrecisionChoice:
     precision: str  # a Lightning precision string, e.g. "bf16-mixed" or "32-true"
     reason: str
+    measured: bool = False  # by a probe just now (not the cache, config or hardware)
 
 
 def cpu_model() -> str:
@@ -78,10 +83,18 @@ def _seconds(a: torch.Tensor, b: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-def time_matmuls(shapes: list[tuple[int, int, int]], rounds: int = 2) -> dict[str, float]:
-    """Best-of-``rounds`` seconds for all ``shapes`` in fp32 and in bf16, the two measured in
-    alternation so that a noisy neighbour slows both alike."""
-    best = {"fp32": 0.0, "bf16": 0.0}
+def summarise_rounds(times: dict[str, list[float]]) -> dict:
+    """Per type, the best of its rounds' seconds (``times[name][0]``, the warm-up, left out),
+    and ``steady``: whether the rounds' fp32 / bf16 ratios agree within STEADY_RATIO."""
+    ratios = [fp32 / bf16 for fp32, bf16 in zip(times["fp32"][1:], times["bf16"][1:])]
+    return {**{name: min(seconds[1:]) for name, seconds in times.items()},
+            "steady": max(ratios) <= STEADY_RATIO * min(ratios)}
+
+
+def time_matmuls(shapes: list[tuple[int, int, int]], rounds: int = 2) -> dict:
+    """``summarise_rounds`` of ``rounds`` rounds of all ``shapes`` in fp32 and in bf16, each
+    shape's two types measured in alternation so that a noisy neighbour slows both alike."""
+    times = {"fp32": [0.0] * (rounds + 1), "bf16": [0.0] * (rounds + 1)}  # per round, all shapes
     # Its own generator: drawing from the global one would make a seeded run's initial weights
     # depend on whether this machine's answer was cached.
     draw = torch.Generator().manual_seed(0)
@@ -89,13 +102,10 @@ def time_matmuls(shapes: list[tuple[int, int, int]], rounds: int = 2) -> dict[st
         operands = {name: (torch.randn(m, k, dtype=dtype, generator=draw),
                            torch.randn(k, n, dtype=dtype, generator=draw))
                     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-        times = {name: [] for name in operands}
-        for _ in range(rounds + 1):  # the first round warms up oneDNN's kernels
+        for r in range(rounds + 1):  # the first round warms up oneDNN's kernels
             for name, (a, b) in operands.items():
-                times[name].append(_seconds(a, b))
-        for name in best:
-            best[name] += min(times[name][1:])
-    return best
+                times[name][r] += _seconds(a, b)
+    return summarise_rounds(times)
 
 
 def _cached(key: str) -> dict | None:
@@ -130,10 +140,11 @@ def choose_cpu_precision(shapes: list[tuple[int, int, int]]) -> PrecisionChoice:
     return choose_by_probe(str(shapes), lambda: time_matmuls(shapes), "bf16 matmuls")
 
 
-def choose_by_probe(probe: str, measure: Callable[[], dict[str, float]], what: str) -> PrecisionChoice:
-    """bf16-mixed if ``measure()`` (seconds in fp32 and in bf16) finds bf16 faster by
-    ``BF16_MARGIN``, else 32-true. ``probe`` names what is measured; with the CPU, torch
-    version and threads it keys the cache. ``what`` names it in the reason."""
+def choose_by_probe(probe: str, measure: Callable[[], dict], what: str) -> PrecisionChoice:
+    """bf16-mixed if ``measure()`` (``summarise_rounds``: seconds in fp32 and in bf16) finds
+    bf16 faster by ``BF16_MARGIN``, else 32-true. ``probe`` names what is measured; with the
+    CPU, torch version and threads it keys the cache, which keeps only steady measurements.
+    ``what`` names it in the reason."""
     cpu = cpu_model()
     if not has_native_bf16():
         return PrecisionChoice("32-true", f"no native bf16 matmuls on {cpu}")
@@ -141,11 +152,18 @@ def choose_by_probe(probe: str, measure: Callable[[], dict[str, float]], what: s
     timing = _cached(key)
     source = "cached probe"
     if timing is None:
+        if rank_zero_only.rank == 0:  # not once per DDP process
+            print(f"precision auto: timing {what} against fp32, once for this machine (cached "
+                  f"in {CACHE}; delete it to measure again) ...", file=sys.stderr, flush=True)
         timing, source = measure(), "probe"
-        _store(key, timing)
+        if timing.get("steady", True):
+            _store(key, timing)
+        else:
+            source = "probe; not cached: its rounds disagreed, the machine is busy"
     speedup = timing["fp32"] / timing["bf16"]
     chosen = "bf16-mixed" if speedup >= BF16_MARGIN else "32-true"
-    return PrecisionChoice(chosen, f"{what} {speedup:.2f}x fp32 on {cpu} ({source})")
+    return PrecisionChoice(chosen, f"{what} {speedup:.2f}x fp32 on {cpu} ({source})",
+                           measured=source != "cached probe")
 
 
 def resolve_precision(precision: str, choose_on_cpu: Callable[[], PrecisionChoice],
@@ -218,11 +236,10 @@ def trainer_precision(choice: PrecisionChoice, accelerator: str) -> tuple[str | 
 PROBE_STEPS = 4  # decoding steps per timed round of ``time_decoding``
 
 
-def time_decoding(model: torch.nn.Module, sentences: int, beam: int,
-                  rounds: int = 2) -> dict[str, float]:
-    """Best-of-``rounds`` seconds for the model's own encoder and first decoding steps over
-    ``sentences`` sources with ``beam`` hypotheses each, in fp32 and in bf16 autocast, in
-    alternation. Each round has sources of a new length, as real decoding keeps meeting new
+def time_decoding(model: torch.nn.Module, sentences: int, beam: int, rounds: int = 2) -> dict:
+    """``summarise_rounds`` of ``rounds`` rounds of the model's own encoder and first decoding
+    steps over ``sentences`` sources with ``beam`` hypotheses each, in fp32 and in bf16
+    autocast, in alternation. Each round has sources of a new length, as real decoding keeps meeting new
     shapes: bf16 kernels for a new shape cost more to create than fp32 ones."""
     expand = torch.arange(sentences).repeat_interleave(beam)  # sentence i -> its K rows
 
@@ -243,7 +260,7 @@ def time_decoding(model: torch.nn.Module, sentences: int, beam: int,
     for length in range(12, 12 + rounds + 1):  # the first round warms up
         for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
             times[name].append(decode(length, dtype))
-    return {name: min(seconds[1:]) for name, seconds in times.items()}
+    return summarise_rounds(times)
 
 
 def decoding_precision(config, model: torch.nn.Module, device_type: str,
@@ -270,7 +287,11 @@ def decoding_precision(config, model: torch.nn.Module, device_type: str,
         return choose_by_probe(probe, lambda: time_decoding(model, sentences, beam),
                                f"bf16 decoding of {sentences} sentences x beam {beam}")
 
-    return resolve_precision(precision, choose, "cuda" if device_type == "cuda" else "cpu")
+    choice = resolve_precision(precision, choose, "cuda" if device_type == "cuda" else "cpu")
+    if choice.measured:  # what the wait was for; later runs read the cache quietly
+        print(f"decoding precision: {choice.precision} ({choice.reason})", file=sys.stderr,
+              flush=True)
+    return choice
 
 
 _announced: set[PrecisionChoice] = set()
