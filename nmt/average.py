@@ -100,6 +100,8 @@ def average_run(run_dir: str | Path, last: int | None = None,
     if (run_dir / "model.bin").is_file():
         raise NMTError(f"{run_dir} is a CTranslate2 export: nmt average takes a training run")
     paths = step_checkpoints(run_dir)
+    if not paths and not (run_dir / "config.yaml").is_file():  # a folder that is no run at all
+        raise NMTError(f"no config.yaml in {run_dir}: is it a training run directory?")
     if not paths:
         raise NMTError(f"no step checkpoints in {run_dir / STEPS_DIR}: train with "
                        "trainer.keep_last_checkpoints=N to keep the last N")

@@ -85,6 +85,7 @@ def test_a_run_keeps_its_last_checkpoints_and_translates_with_their_average(tmp_
 
 
 def test_average_of_a_run_without_kept_checkpoints_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_text("name: run\n")  # a run (a folder without is none)
     assert main(["average", "--checkpoint", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "keep_last_checkpoints" in err

@@ -39,10 +39,14 @@ def test_scorer_exponents_fit_the_longer_half_and_skip_memory_under_resolution()
 def test_bench_attention(tmp_path, capsys):
     plot = tmp_path / "attention.png"
     assert main(["bench", "attention", "--max-len", "32", "--plot", str(plot)]) == 0
-    summary = last_json(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    summary = last_json(out)
     assert {r["scorer"] for r in summary["rows"]} == set(SCORERS)
     assert all(r["ms"] > 0 for r in summary["rows"]) and plot.is_file()
     assert set(summary["exponents"]) == set(SCORERS)
+    # at these lengths the peaks are under the RSS resolution: the empty exponents are explained
+    assert all(v["memory"] is None for v in summary["exponents"].values())
+    assert "a memory exponent needs peaks of 32 MB or more" in out
 
 
 def test_bench_attention_refuses_a_picture_name_matplotlib_cannot_write(tmp_path, capsys):
@@ -98,6 +102,9 @@ def test_bench_decode(tiny, capsys):
             seconds["32-true", mode] / seconds["bf16-mixed", mode], abs=0.006)
     assert main(["bench", "decode", "--checkpoint", str(run), "--precision", "fp8"]) == 1
     assert "unknown precision 'fp8'" in capsys.readouterr().err
+    assert main(["bench", "decode", "--checkpoint", str(run), "--beam", "1", "--limit", "4",
+                 "--precision", "32-true", "--repeat", "1", "--no-recompute"]) == 0
+    assert [r["mode"] for r in last_json(capsys.readouterr().out)["rows"]] == ["greedy"]
 
 
 @pytest.mark.parametrize("precision, dtype", [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32)])

@@ -241,8 +241,11 @@ def test_evaluate_on_files_of_ones_own(corpus, run, tmp_path, capsys):
     assert (run / "eval" / "test.beam2.json").read_text() == json.dumps(split_scores, indent=2) + "\n"
     short = tmp_path / "short.txt"
     short.write_text("one\n")
+    fifo = tmp_path / "fifo"  # what a shell's process substitution names
+    os.mkfifo(fifo)
     for options, message in ((["--split", "val", "--files", source, reference], "give one"),
                              (["--files", source, str(tmp_path / "nope")], "--files: no such file"),
+                             (["--files", source, str(fifo)], "is not a regular file"),  # <(...)
                              (["--files", source, str(short)], "has 30 lines but")):
         capsys.readouterr()
         assert main(["evaluate", "--checkpoint", str(run), *options]) == 1
@@ -328,9 +331,11 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatc
     (["train", "--config", "configs/transformer.yaml", "decoding.precision=foo"], "decoding.precision"),
     (["bench", "attention", "--max-len", "8"], "--max-len must be at least 32"),
     # argparse took an abbreviation as the option it starts: a silent --max-epochs 3
-    (["train", "--config", "configs/transformer.yaml", "--max-epoch", "3"], "Key 'max_epoch' not in"),
+    (["train", "--config", "configs/transformer.yaml", "--max-epoch", "3"],
+     "unknown option --max-epoch: did you mean --max-epochs?"),
     (["translate", "--checkpoint", "README.md", "--bea", "5"], "unrecognized arguments: --bea 5"),
     (["average", "--checkpoint", "{export}"], "is a CTranslate2 export: nmt average takes a training run"),
+    (["average", "--checkpoint", "docs"], "no config.yaml in docs: is it a training run directory?"),
 ])
 def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
@@ -848,6 +853,23 @@ def test_a_config_file_that_is_not_a_mapping_of_utf8_yaml_is_one_line(tmp_path, 
 def test_a_bad_option_names_its_key(capsys, option, message):
     assert main(["prepare", "--config", str(REPO / "configs/transformer.yaml"), option]) == 1
     assert capsys.readouterr().err.startswith(f"error: bad config: {message}")
+
+
+@pytest.mark.parametrize("command, option, message", [
+    (["train"], ["--max-tim", "00:01:00"], "unknown option --max-tim: did you mean --max-time?"),
+    (["train"], ["--train-line", "100"], "did you mean --train-lines?"),  # not "trainer"
+    (["train"], ["--run-dri", "x"], "did you mean --run-dir?"),  # the flag, not run_dir
+    (["bench", "train"], ["--src_lang", "de"], "did you mean --src-lang?"),
+    (["train"], ["--beam", "5"], "unknown option --beam: config keys are set as --section.key"),
+])
+def test_a_misspelt_option_is_named_with_the_nearest_one(tmp_path, capsys, command, option, message):
+    """Left over by the parser, an undotted option read as a config key: "Key 'max_tim' not in
+    'Config'", or a wrong guess ("Did you mean: 'trainer'?")."""
+    assert main([*command, "--config", str(REPO / "configs/transformer.yaml"), *option,
+                 "--run-dir", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_damaged_gzip_corpus_is_one_line(tmp_path, capsys):

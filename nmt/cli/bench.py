@@ -57,6 +57,9 @@ def add_bench_decode(what: argparse._SubParsersAction) -> None:
                               + ", ".join(DECODING_PRECISIONS))
     bench_decode.add_argument("--ensemble", nargs="+", default=[], metavar="RUN",
                               help="more run directories to decode with, as translate's --ensemble")
+    bench_decode.add_argument("--no-recompute", action="store_true",
+                              help="leave out the greedy_recompute row (the whole decoder over the "
+                              "prefix at every step: the slowest row, and most of the memory)")
 
 def cmd_bench_decode(args: argparse.Namespace) -> None:
     from nmt.bench import bench_decode
@@ -68,7 +71,8 @@ def cmd_bench_decode(args: argparse.Namespace) -> None:
                        f"{', '.join(DECODING_PRECISIONS)}")
     summary = bench_decode(args.checkpoint, args.beam, args.split, args.limit,
                            engines=tuple(args.engine.split(",")), precisions=precisions,
-                           repeat=args.repeat, ensemble=args.ensemble)
+                           repeat=args.repeat, ensemble=args.ensemble,
+                           recompute=not args.no_recompute)
     print_table(summary["rows"])
     print(json.dumps(summary))
 
@@ -105,7 +109,7 @@ def cmd_bench_attention(args: argparse.Namespace) -> None:
     # The bench times lengths 16, 32, 64, ... up to --max-len; a growth exponent needs two.
     if args.max_len < 32:
         raise NMTError(f"--max-len must be at least 32 (lengths 16, 32, ...), got {args.max_len}")
-    from nmt.bench import bench_attention
+    from nmt.bench import RSS_RESOLUTION_MB, bench_attention
     from nmt.plots import check_picture_path
 
     if args.plot:  # "" draws none
@@ -114,6 +118,9 @@ def cmd_bench_attention(args: argparse.Namespace) -> None:
     print_table(summary["rows"])
     print_table([{"scorer": k, "time_exponent": v["time"], "memory_exponent": v["memory"]}
                  for k, v in summary["exponents"].items()])
+    print(f"peak_mb is the rise of the process's peak RSS, which the allocator's reuse keeps at "
+          f"or near 0 for small tensors; a memory exponent needs peaks of {RSS_RESOLUTION_MB:.0f} "
+          "MB or more over the longer half of the lengths (a longer --max-len), else it is empty")
     print(json.dumps(summary))
 
 def print_summary(summary: dict) -> None:
