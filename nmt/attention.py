@@ -45,10 +45,12 @@ class Scorer(nn.Module, ABC):
 
     @abstractmethod
     def score_flops(self, t: int, s: int) -> int:
-        """Forward FLOPs of ``prepare_keys`` over S keys plus ``score`` for T queries (one
-        head, one sentence; 2 per multiply-add, elementwise work counted too). What does not
-        grow with T must be ``prepare_keys``' own: the RNN counts ``score_flops(0, s)`` once
-        per sentence and the rest at every decoder step."""
+        """Forward FLOPs of the scorer's own work for T queries over S keys (one head, one
+        sentence; 2 per multiply-add): ``prepare_keys``, ``score``, and any work it adds to
+        ``attend`` beyond the weighted sum of values (symmetric's projection). Elementwise
+        work is counted where it is of the additive scorers' (T, S, A) size, not the small
+        scalings. What does not grow with T must be ``prepare_keys``' own: the RNN counts
+        ``score_flops(0, s)`` once per sentence and the rest at every decoder step."""
 
     def flops(self, t: int, s: int) -> int:
         """Forward FLOPs of ``attend`` for T queries and S keys (one head, one sentence):

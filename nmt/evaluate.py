@@ -41,7 +41,9 @@ def file_pairs(source: str, reference: str) -> tuple[list[str], list[str]]:
     """The lines of a source file and of its reference translations (``evaluate --files``),
     read as a corpus' files are: aligned line by line, ``.gz`` too."""
     for path in (source, reference):
-        if Path(path).exists() and not Path(path).is_file():  # a folder, a pipe: <(...)
+        if Path(path).is_dir():
+            raise NMTError(f"--files: {path} is a folder: give a source file and its references")
+        if Path(path).exists() and not Path(path).is_file():  # a pipe: <(...)
             raise NMTError(f"--files: {path} is not a regular file: the results are named "
                            "after the files, so save a pipe's lines to a file first")
         if not Path(path).is_file():

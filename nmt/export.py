@@ -210,7 +210,7 @@ class CTranslate2Translator:
                                                  intra_threads=threads or torch.get_num_threads())
         except (RuntimeError, ValueError) as err:  # a damaged model.bin or config.json, or
             # no room for the model on the device: exporting again would not help there
-            advice = ("free memory on the device, or decode on another one (--device)"
+            advice = ("free memory on the device, or decode on another device"
                       if "out of memory" in str(err).lower() else "export it again (nmt export)")
             raise NMTError(f"cannot load the CTranslate2 model in {model_dir}: {first_line(err)}; "
                            f"{advice}") from None

@@ -35,7 +35,8 @@ from nmt.models.base import select_rows
 CACHE = Path(os.environ.get("NMT_CACHE_DIR", Path.home() / ".cache" / "nmt")) / "precision.json"
 BF16_MARGIN = 1.1  # bf16 must win by 10%: autocast's casts cost something the probe omits
 # Rounds whose fp32 / bf16 ratios differ by more than this were disturbed (a busy machine):
-# their answer is used but not cached, so that one noisy start-up does not decide for good.
+# decoding uses their answer but does not cache it, so that one noisy start does not decide
+# for good (training caches it: see choose_cpu_precision).
 STEADY_RATIO = 1.5
 TYPICAL_SOURCE_PIECES = 16  # a Multi30k source: ~15 pieces; sets the sentences of a batch
 
@@ -136,34 +137,42 @@ def has_native_bf16() -> bool:
 
 
 def choose_cpu_precision(shapes: list[tuple[int, int, int]]) -> PrecisionChoice:
-    """bf16-mixed if bf16 matmuls of ``shapes`` beat fp32 by ``BF16_MARGIN``, else 32-true."""
-    return choose_by_probe(str(shapes), lambda: time_matmuls(shapes), "bf16 matmuls")
+    """bf16-mixed if bf16 matmuls of ``shapes`` beat fp32 by ``BF16_MARGIN``, else 32-true.
+    Always cached, steady or not: DDP's other processes, started after this one chose, read
+    its answer there, and must train in the same precision."""
+    return choose_by_probe(str(shapes), lambda: time_matmuls(shapes), "bf16 matmuls",
+                           cache_unsteady=True)
 
 
-def choose_by_probe(probe: str, measure: Callable[[], dict], what: str) -> PrecisionChoice:
+def choose_by_probe(probe: str, measure: Callable[[], dict], what: str,
+                    cache_unsteady: bool = False) -> PrecisionChoice:
     """bf16-mixed if ``measure()`` (``summarise_rounds``: seconds in fp32 and in bf16) finds
     bf16 faster by ``BF16_MARGIN``, else 32-true. ``probe`` names what is measured; with the
-    CPU, torch version and threads it keys the cache, which keeps only steady measurements.
-    ``what`` names it in the reason."""
+    CPU, torch version and threads it keys the cache, which keeps a measurement whose rounds
+    disagreed (a busy machine) only with ``cache_unsteady``. ``what`` names it in the reason."""
     cpu = cpu_model()
     if not has_native_bf16():
         return PrecisionChoice("32-true", f"no native bf16 matmuls on {cpu}")
     key = f"{cpu_identity()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{probe}"
     timing = _cached(key)
-    source = "cached probe"
-    if timing is None:
-        if rank_zero_only.rank == 0:  # not once per DDP process
-            print(f"precision auto: timing {what} against fp32, once for this machine (cached "
-                  f"in {CACHE}; delete it to measure again) ...", file=sys.stderr, flush=True)
-        timing, source = measure(), "probe"
-        if timing.get("steady", True):
-            _store(key, timing)
-        else:
-            source = "probe; not cached: its rounds disagreed, the machine is busy"
+    if timing is not None:
+        return _choice(timing, what, cpu, "cached probe", measured=False)
+    if rank_zero_only.rank == 0:  # not once per DDP process
+        print(f"precision auto: timing {what} against fp32 (the answer is cached in {CACHE}; "
+              "delete that file to measure again) ...", file=sys.stderr, flush=True)
+    timing, source = measure(), "probe"
+    if timing["steady"] or cache_unsteady:
+        _store(key, timing)
+    else:
+        source = "probe; not cached: its rounds disagreed, the machine is busy"
+    return _choice(timing, what, cpu, source, measured=True)
+
+
+def _choice(timing: dict, what: str, cpu: str, source: str, measured: bool) -> PrecisionChoice:
+    """bf16-mixed where ``timing`` has bf16 at least BF16_MARGIN times faster than fp32."""
     speedup = timing["fp32"] / timing["bf16"]
     chosen = "bf16-mixed" if speedup >= BF16_MARGIN else "32-true"
-    return PrecisionChoice(chosen, f"{what} {speedup:.2f}x fp32 on {cpu} ({source})",
-                           measured=source != "cached probe")
+    return PrecisionChoice(chosen, f"{what} {speedup:.2f}x fp32 on {cpu} ({source})", measured)
 
 
 def resolve_precision(precision: str, choose_on_cpu: Callable[[], PrecisionChoice],

@@ -246,6 +246,7 @@ def test_evaluate_on_files_of_ones_own(corpus, run, tmp_path, capsys):
     for options, message in ((["--split", "val", "--files", source, reference], "give one"),
                              (["--files", source, str(tmp_path / "nope")], "--files: no such file"),
                              (["--files", source, str(fifo)], "is not a regular file"),  # <(...)
+                             (["--files", source, str(tmp_path)], f"{tmp_path} is a folder"),
                              (["--files", source, str(short)], "has 30 lines but")):
         capsys.readouterr()
         assert main(["evaluate", "--checkpoint", str(run), *options]) == 1
@@ -861,6 +862,10 @@ def test_a_bad_option_names_its_key(capsys, option, message):
     (["train"], ["--run-dri", "x"], "did you mean --run-dir?"),  # the flag, not run_dir
     (["bench", "train"], ["--src_lang", "de"], "did you mean --src-lang?"),
     (["train"], ["--beam", "5"], "unknown option --beam: config keys are set as --section.key"),
+    (["train"], ["--lr", "0.1"], "unknown option --lr: did you mean --optim.lr?"),  # not --help
+    (["train"], ["--help-me", "1"], "config keys are set as --section.key"),
+    # a whole section is a config key: taken as one, as before
+    (["train"], ["--trainer", "{max_epochs: 0}"], "trainer.max_epochs and trainer.max_steps of 0"),
 ])
 def test_a_misspelt_option_is_named_with_the_nearest_one(tmp_path, capsys, command, option, message):
     """Left over by the parser, an undotted option read as a config key: "Key 'max_tim' not in

@@ -389,8 +389,7 @@ def test_an_export_without_room_on_the_device_is_not_called_damaged(exported, tm
                  "--input", str(source)]) == 1
     err = capsys.readouterr().err
     assert err == (f"error: cannot load the CTranslate2 model in {exported}: CUDA failed with "
-                   "error out of memory; free memory on the device, or decode on another one "
-                   "(--device)\n")
+                   "error out of memory; free memory on the device, or decode on another device\n")
 
 
 @pytest.mark.parametrize("damage", ["model.bin", "config.json"])

@@ -26,7 +26,7 @@ def fake_timing(monkeypatch, fp32: float, bf16: float) -> list:
 
     def timing(shapes, rounds=2):
         calls.append(shapes)
-        return {"fp32": fp32, "bf16": bf16}
+        return {"fp32": fp32, "bf16": bf16, "steady": True}
 
     monkeypatch.setattr(precision, "time_matmuls", timing)
     return calls
@@ -79,7 +79,6 @@ def test_no_native_bf16_means_fp32(cache, monkeypatch):
 def test_real_probe_times_both_types():
     timing = precision.time_matmuls([(32, 16, 24)], rounds=1)
     assert set(timing) == {"fp32", "bf16", "steady"} and timing["fp32"] > 0 and timing["bf16"] > 0
-    assert timing["steady"]  # one round agrees with itself
 
 
 def test_training_precision_uses_the_model_shapes(cache, monkeypatch, capsys):
@@ -113,7 +112,7 @@ def test_probe_shapes_are_the_models_own(model, shapes):
 def test_decoding_precision(cache, monkeypatch, trainer, decoding, given, bf16_time, chosen):
     probes = []
     monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam: probes.append(
-        (sentences, beam)) or {"fp32": 1.0, "bf16": bf16_time})
+        (sentences, beam)) or {"fp32": 1.0, "bf16": bf16_time, "steady": True})
     config = load_config("configs/transformer.yaml",
                          [f"trainer.precision={trainer}", f"decoding.precision={decoding}",
                           "data.eval_max_tokens=800", "decoding.beam_size=4"])
@@ -287,22 +286,34 @@ def test_training_clips_with_fused_adam(tmp_path, given):
     assert state["optimizer_states"][0]["param_groups"][0]["fused"] is True
 
 
-def test_a_disturbed_probe_decides_this_run_only(cache, monkeypatch, capsys):
+def test_a_disturbed_decoding_probe_decides_this_run_only(cache, monkeypatch, capsys):
     """Rounds that disagree (a busy machine: bf16 2.2x fp32 in one, 0.8x in the next) choose
-    for this run but are not cached: a noisy first run decided every later one, for good."""
+    for this decoding but are not cached: a noisy first translate decided every later one."""
     rounds = iter([{"fp32": [1.0, 1.0, 1.0], "bf16": [0.5, 0.45, 1.25]},  # disturbed
                    {"fp32": [1.0, 1.0, 1.0], "bf16": [0.5, 0.45, 0.5]}])  # quiet: 2.0-2.2x
     calls = []
-    monkeypatch.setattr(precision, "time_matmuls", lambda shapes: calls.append(shapes) or
-                        precision.summarise_rounds(next(rounds)))
-    first = precision.choose_cpu_precision([(8, 8, 8)])
+    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam: calls.append(
+        sentences) or precision.summarise_rounds(next(rounds)))
+    config = load_config("configs/transformer.yaml", ["decoding.precision=auto"])
+    first = precision.decoding_precision(config, None, "cpu")
     assert first.measured and "not cached: its rounds disagreed" in first.reason
-    assert "timing bf16 matmuls against fp32, once for this machine" in capsys.readouterr().err
+    assert "precision auto: timing bf16 decoding of" in capsys.readouterr().err
     assert not cache.exists()
-    second = precision.choose_cpu_precision([(8, 8, 8)])  # measured again, steady: kept
-    third = precision.choose_cpu_precision([(8, 8, 8)])
+    second = precision.decoding_precision(config, None, "cpu")  # measured again, steady: kept
+    third = precision.decoding_precision(config, None, "cpu")
     assert len(calls) == 2 and second.precision == third.precision == "bf16-mixed"
     assert "(probe)" in second.reason and "(cached probe)" in third.reason and not third.measured
+
+
+def test_a_disturbed_training_probe_is_cached_for_the_other_ddp_processes(cache, monkeypatch):
+    """DDP's other processes start after the first chose and read its answer from the cache:
+    measuring again, each could choose another precision."""
+    monkeypatch.setattr(precision, "time_matmuls", lambda shapes: precision.summarise_rounds(
+        {"fp32": [1.0, 1.0, 1.0], "bf16": [0.5, 0.45, 1.25]}))
+    first = precision.choose_cpu_precision([(8, 8, 8)])
+    monkeypatch.setattr(precision, "time_matmuls", None)  # another process would not measure
+    other = precision.choose_cpu_precision([(8, 8, 8)])
+    assert first.measured and not other.measured and other.precision == first.precision
 
 
 def test_decoding_says_what_it_measured_and_only_then(cache, monkeypatch, capsys):

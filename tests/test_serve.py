@@ -466,6 +466,22 @@ def test_an_ensemble_is_served_as_one_model(runs):
     assert info["parameters"] == sum(p.numel() for p in ensemble.model.parameters())
 
 
+def test_a_served_runs_missing_chosen_weights_are_named_once(runs, tmp_path, capsys):
+    """The server's start-up check is quiet about it; the worker's load says it, once."""
+    from nmt.serve import TranslationAPI, build_server
+
+    _, paths, _ = runs
+    run = tmp_path / "first"
+    shutil.copytree(paths[0], run, ignore=shutil.ignore_patterns("eval"))
+    (run / "train_stats.json").write_text(json.dumps({"final_weights": "averaged.ckpt"}))
+    build_server([str(run)], "torch", precision="32-true")
+    assert "is gone" not in capsys.readouterr().err
+    TranslationAPI({"first": str(run)}, "torch", default_beam=2, max_batch=4,
+                   precision="32-true").setup("cpu")
+    assert capsys.readouterr().err.count(f"{run / 'averaged.ckpt'}, the weights training chose, "
+                                         "is gone: using best.ckpt") == 1
+
+
 @pytest.mark.parametrize("argv,message", [
     (["{first}", "{second}", "--ensemble", "{second}"], "--ensemble serves one model"),
     (["{first}", "--ensemble", "{missing}"], "checkpoint directory not found"),

@@ -10,7 +10,6 @@ need when they run.
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 
 from nmt.allocator import keep_freed_memory
@@ -31,27 +30,11 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         """argparse's, noting the options of the innermost (the command's) parser, which
-        parses first: what a misspelt option is compared with (``check_undotted``)."""
+        parses first: what a misspelt option is compared with (``dotted_overrides``)."""
         namespace, extra = super().parse_known_args(args, namespace)
         if not hasattr(namespace, "known_options"):
             namespace.known_options = [o for action in self._actions for o in action.option_strings]
         return namespace, extra
-
-
-TOP_LEVEL_KEYS = ("name", "seed", "run_dir")  # config keys outside a section: --name X is one
-
-
-def check_undotted(extra: list[str], known_options: list[str]) -> None:
-    """An option left over by the parser that has no dot is no --section.key override: a
-    one-line error with the nearest option the command has (it read as a config key)."""
-    for arg in extra:
-        name = arg.split("=", 1)[0]
-        if not name.startswith("--") or "." in name or name[2:].replace("-", "_") in TOP_LEVEL_KEYS:
-            continue
-        near = difflib.get_close_matches(name, known_options, n=1, cutoff=0.6)
-        hint = (f"did you mean {near[0]}?" if near else
-                "config keys are set as --section.key VALUE, e.g. --trainer.max_epochs 3")
-        raise NMTError(f"unknown option {name}: {hint}")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -70,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     try:
         if args.takes_overrides:
-            check_undotted(extra, args.known_options)
-            args.run_command(args, named_overrides(args) + dotted_overrides(extra))
+            args.run_command(args, named_overrides(args) + dotted_overrides(extra, args.known_options))
         elif extra:
             raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
         else:

@@ -118,9 +118,11 @@ def cmd_bench_attention(args: argparse.Namespace) -> None:
     print_table(summary["rows"])
     print_table([{"scorer": k, "time_exponent": v["time"], "memory_exponent": v["memory"]}
                  for k, v in summary["exponents"].items()])
-    print(f"peak_mb is the rise of the process's peak RSS, which the allocator's reuse keeps at "
-          f"or near 0 for small tensors; a memory exponent needs peaks of {RSS_RESOLUTION_MB:.0f} "
-          "MB or more over the longer half of the lengths (a longer --max-len), else it is empty")
+    if any(v["memory"] is None for v in summary["exponents"].values()):
+        print(f"peak_mb is the rise of the process's peak RSS, which the allocator's reuse keeps at "
+              f"or near 0 for small tensors; a memory exponent needs peaks of "
+              f"{RSS_RESOLUTION_MB:.0f} MB or more over the longer half of the lengths (a longer "
+              "--max-len), else it is empty")
     print(json.dumps(summary))
 
 def print_summary(summary: dict) -> None:

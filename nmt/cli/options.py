@@ -4,13 +4,20 @@ overrides from the command line, and Markdown tables."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+from dataclasses import fields, is_dataclass
 
+from nmt.config import Config
 from nmt.errors import NMTError
 
+# Config's top-level keys -> the keys of the section each names (none for a single value or
+# the model's free-form dict): what an undotted override may set (``dotted_overrides``).
+CONFIG_SECTIONS = {f.name: [k.name for k in fields(f.default_factory)]
+                   if is_dataclass(f.default_factory) else [] for f in fields(Config)}
 # Where a help text says this, --help prints the scorers' names from nmt.attention.SCORERS
 # (``HelpFormatter``): they have one home, and parsing itself needs no torch.
-SCORER_NAMES = "{scorer names}"
+SCORER_NAMES_PLACEHOLDER = "{scorer names}"
 # The training flags that train, prepare, compare and bench train share:
 # flag -> (the config key it sets, its type, its --help).
 TRAIN_FLAGS = {
@@ -18,7 +25,7 @@ TRAIN_FLAGS = {
     "max_epochs": ("trainer.max_epochs", int, None),
     "max_time": ("trainer.max_time", str, "HH:MM:SS wall-clock limit"),
     "train_lines": ("data.train_lines", int, "train on the first N lines"),
-    "attention": ("model.attention", str, SCORER_NAMES),
+    "attention": ("model.attention", str, SCORER_NAMES_PLACEHOLDER),
     "src_lang": ("data.src_lang", str, None),
     "tgt_lang": ("data.tgt_lang", str, None),
     "seed": ("seed", int, None),
@@ -26,15 +33,15 @@ TRAIN_FLAGS = {
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """argparse's help, with SCORER_NAMES replaced by the registry's names, ``a | b | ...``
-    (torch is imported then: only to print help)."""
+    """argparse's help, with SCORER_NAMES_PLACEHOLDER replaced by the registry's names,
+    ``a | b | ...`` (torch is imported then: only to print help)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = super()._get_help_string(action)
-        if text and SCORER_NAMES in text:
+        if text and SCORER_NAMES_PLACEHOLDER in text:
             from nmt.attention import SCORERS
 
-            text = text.replace(SCORER_NAMES, " | ".join(SCORERS))
+            text = text.replace(SCORER_NAMES_PLACEHOLDER, " | ".join(SCORERS))
         return text
 
 
@@ -52,8 +59,10 @@ def positive_ints(text: str) -> list[int]:
     """An argparse type for comma-separated counts, e.g. beam sizes 1,5."""
     return [positive_int(part) for part in text.split(",")]
 
-def dotted_overrides(extra: list[str]) -> list[str]:
-    """``--a.b v``, ``--a.b=v`` and ``a.b=v`` -> ["a.b=v", ...]."""
+def dotted_overrides(extra: list[str], known_options: list[str] = ()) -> list[str]:
+    """``--a.b v``, ``--a.b=v`` and ``a.b=v`` -> ["a.b=v", ...]; an undotted ``--key`` that is
+    no config field is a misspelt option (``unknown_option``), the nearest of
+    ``known_options`` named."""
     out, i = [], 0
     while i < len(extra):
         arg = extra[i]
@@ -67,7 +76,26 @@ def dotted_overrides(extra: list[str]) -> list[str]:
         else:
             raise NMTError(f"cannot read option '{arg}'; use --section.key VALUE or section.key=VALUE")
         i += 1
-    return [key.replace("-", "_") + "=" + value for key, value in (o.split("=", 1) for o in out)]
+    overrides = [key.replace("-", "_") + "=" + value for key, value in (o.split("=", 1) for o in out)]
+    for override, given in zip(overrides, out):
+        key = override.split("=", 1)[0]
+        if "." not in key and key not in CONFIG_SECTIONS:
+            raise unknown_option("--" + given.split("=", 1)[0], key, known_options)
+    return overrides
+
+
+def unknown_option(name: str, key: str, known_options: list[str]) -> NMTError:
+    """A one-line error for option ``name`` (config key ``key``) that no parser took: the
+    command's option of that name (--src_lang: --src-lang), else the config key of that name
+    in its section (--lr: --optim.lr), else the command's nearest option (--max-tim:
+    --max-time)."""
+    options = [o for o in known_options if o not in ("-h", "--help")]
+    same = [o for o in options if o == "--" + key.replace("_", "-")]
+    sections = [f"--{section}.{key}" for section, fields in CONFIG_SECTIONS.items() if key in fields]
+    near = same or sections or difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    hint = (f"did you mean {near[0]}?" if near else
+            "config keys are set as --section.key VALUE, e.g. --trainer.max_epochs 3")
+    return NMTError(f"unknown option {name}: {hint}")
 
 def named_overrides(args: argparse.Namespace) -> list[str]:
     """The named training flags given, as config overrides (quoted: "no" stays a string)."""

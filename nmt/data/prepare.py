@@ -199,7 +199,7 @@ def load_side(folder: Path, split: str, lang: str) -> Ragged:
     try:
         meta = json.loads((folder / "meta.json").read_text())
         pairs, dtype = meta["pairs"], np.dtype(meta["dtype"])
-    except (OSError, ValueError, TypeError, KeyError) as err:  # OSError: deleted since found
+    except (FileNotFoundError, ValueError, TypeError, KeyError) as err:  # deleted since found
         raise damaged(f"meta.json: {first_line(err)}") from None
     if split not in pairs:
         raise NMTError(f"split '{split}' was not prepared in {folder}")
