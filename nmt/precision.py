@@ -248,8 +248,8 @@ PROBE_STEPS = 4  # decoding steps per timed round of ``time_decoding``
 def time_decoding(model: torch.nn.Module, sentences: int, beam: int, rounds: int = 2) -> dict:
     """``summarise_rounds`` of ``rounds`` rounds of the model's own encoder and first decoding
     steps over ``sentences`` sources with ``beam`` hypotheses each, in fp32 and in bf16
-    autocast, in alternation. Each round has sources of a new length, as real decoding keeps meeting new
-    shapes: bf16 kernels for a new shape cost more to create than fp32 ones."""
+    autocast, in alternation. Each round has sources of a new length, as real decoding keeps
+    meeting new shapes: bf16 kernels for a new shape cost more to create than fp32 ones."""
     expand = torch.arange(sentences).repeat_interleave(beam)  # sentence i -> its K rows
 
     def decode(length: int, dtype: torch.dtype | None) -> float:
