@@ -76,12 +76,12 @@ def dotted_overrides(extra: list[str], known_options: list[str] = ()) -> list[st
         else:
             raise NMTError(f"cannot read option '{arg}'; use --section.key VALUE or section.key=VALUE")
         i += 1
-    overrides = [key.replace("-", "_") + "=" + value for key, value in (o.split("=", 1) for o in out)]
-    for override, given in zip(overrides, out):
-        key = override.split("=", 1)[0]
+    pairs = [o.split("=", 1) for o in out]  # [given key, value]
+    for given, _ in pairs:
+        key = given.replace("-", "_")
         if "." not in key and key not in CONFIG_SECTIONS:
-            raise unknown_option("--" + given.split("=", 1)[0], key, known_options)
-    return overrides
+            raise unknown_option("--" + given, key, known_options)
+    return [key.replace("-", "_") + "=" + value for key, value in pairs]
 
 
 def unknown_option(name: str, key: str, known_options: list[str]) -> NMTError:
