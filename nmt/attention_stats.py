@@ -196,3 +196,12 @@ def attention_layout(translator, kind: str) -> tuple[int, int]:
     heads = [m.heads for name, m in modules
              if isinstance(m, MultiHeadAttention) and attention_kind(name) == kind]  # one per layer
     return (len(heads), heads[0]) if heads else (1, 1)
+
+
+def attention_matrix(attention: Tensor, layer: int = -1, head: int | None = None) -> Tensor:
+    """One (T, S) matrix from a hypothesis' attention: (T, S) as is (RNN), or (T, L, H, S)
+    reduced to one layer and one head or the mean over heads (Transformer)."""
+    if attention.dim() == 2:
+        return attention
+    per_head = attention[:, layer]  # (T, H, S)
+    return per_head.mean(1) if head is None else per_head[:, head]

@@ -18,8 +18,8 @@ import torch
 
 from nmt.attention import SCORERS, build_scorer
 from nmt.config import Config
-from nmt.data.batching import Batch, PairDataset
-from nmt.data.module import TranslationDataModule, decoding_loader, prepare_data
+from nmt.data.batching import Batch, PairDataset, decoding_loader
+from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.engines import check_engine_options
 from nmt.evaluate import split_pairs
@@ -27,9 +27,9 @@ from nmt.memory import peak_memory_mb
 from nmt.metrics import score_corpus
 from nmt.models import build_model
 from nmt.plots import save_lines
-from nmt.precision import autocast_dtype, training_precision
+from nmt.precision import autocast_dtype
 from nmt.search import max_output_lengths, restrict
-from nmt.trainer import benchmark_trainer
+from nmt.trainer import benchmark_trainer, training_precision
 from nmt.training import TranslationModule
 from nmt.translator import Translator
 

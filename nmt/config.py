@@ -138,11 +138,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         layers.append(overrides_layer(list(overrides)))
         merged = OmegaConf.merge(schema, *layers)
         return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
+    except (OmegaConfBaseException, TypeError) as err:
         raise NMTError(f"bad config: {config_error(err)}") from None
-    except TypeError as err:  # OmegaConf's, e.g. optim.betas.0=0.8: a list reached as a mapping
-        raise NMTError(f"bad config: {first_line(err)}: a list option given by its items? give "
-                       "the whole list, e.g. optim.betas=[0.9,0.98]") from None
 
 
 def overrides_layer(overrides: list[str]) -> DictConfig:
@@ -161,9 +158,16 @@ def overrides_layer(overrides: list[str]) -> DictConfig:
         raise
 
 
-def config_error(err: OmegaConfBaseException) -> str:
+# A list reached as a mapping (optim.betas.0=0.8): OmegaConf 2.4 raises a TypeError, 2.3 this
+LIST_AS_MAPPING_2_3 = "Cannot merge DictConfig with ListConfig"
+
+
+def config_error(err: OmegaConfBaseException | TypeError) -> str:
     """OmegaConf's first line, with the key it is about, and its jargon for a list put plainly."""
     first, key = str(err).splitlines()[0], getattr(err, "full_key", None)
+    if isinstance(err, TypeError) or LIST_AS_MAPPING_2_3 in first:
+        return (f"{first}: a list option given by its items? give the whole list, "
+                "e.g. optim.betas=[0.9,0.98]")
     if key and "is not a ListConfig" in first:
         return f"{key} takes a list: {key}=[a,b] on the command line, [a, b] in YAML"
     return f"{key}: {first}" if key and key not in first else first

@@ -27,12 +27,11 @@ from ctranslate2.specs import TransformerSpec
 from torch import nn
 
 from nmt.config import Config, load_config, run_config
-from nmt.data.tokenizer import Tokenizer
+from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError, first_line
 from nmt.models import model_option
 from nmt.models.transformer import TransformerModel
-from nmt.plots import EOS_PIECE
 from nmt.search import length_penalty, max_output_lengths
 from nmt.translator import Translation, Translator, decoding_options, encode_truncated
 

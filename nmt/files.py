@@ -1,13 +1,24 @@
-"""Atomic writes: a file is either its old self or completely the new one."""
+"""Atomic writes (a file is either its old self or completely the new one), and reading a
+file's bytes whether it is gzipped or not."""
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import BinaryIO
 
 from nmt.errors import NMTError
+
+GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+
+
+def open_bytes(path: str) -> BinaryIO:
+    """A file for reading its bytes, ``.gz`` decompressed (reads may raise ``GZIP_ERRORS``)."""
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
 @contextmanager

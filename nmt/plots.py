@@ -15,17 +15,6 @@ from torch import Tensor  # noqa: E402
 from nmt.attention_stats import translation_attention  # noqa: E402
 from nmt.errors import NMTError  # noqa: E402
 
-EOS_PIECE = "</s>"
-
-
-def attention_matrix(attention: Tensor, layer: int = -1, head: int | None = None) -> Tensor:
-    """One (T, S) matrix from a hypothesis' attention: (T, S) as is (RNN), or (T, L, H, S)
-    reduced to one layer and one head or the mean over heads (Transformer)."""
-    if attention.dim() == 2:
-        return attention
-    per_head = attention[:, layer]  # (T, H, S)
-    return per_head.mean(1) if head is None else per_head[:, head]
-
 
 def draw_attention(ax, weights: Tensor, src: list[str], tgt: list[str], title: str = "") -> None:
     """Heatmap of (T, S) weights: target pieces down the side, source pieces along the top."""

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_only
 
 from nmt.config import DECODING_PRECISIONS
 from nmt.data.tokenizer import BOS, UNK
@@ -136,20 +134,21 @@ def has_native_bf16() -> bool:
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def choose_cpu_precision(shapes: list[tuple[int, int, int]]) -> PrecisionChoice:
+def choose_cpu_precision(shapes: list[tuple[int, int, int]], announce: bool = True) -> PrecisionChoice:
     """bf16-mixed if bf16 matmuls of ``shapes`` beat fp32 by ``BF16_MARGIN``, else 32-true.
     Always cached, steady or not: DDP's other processes, started after this one chose, read
     its answer there, and must train in the same precision."""
     return choose_by_probe(str(shapes), lambda: time_matmuls(shapes), "bf16 matmuls",
-                           cache_unsteady=True)
+                           cache_unsteady=True, announce=announce)
 
 
 def choose_by_probe(probe: str, measure: Callable[[], dict], what: str,
-                    cache_unsteady: bool = False) -> PrecisionChoice:
+                    cache_unsteady: bool = False, announce: bool = True) -> PrecisionChoice:
     """bf16-mixed if ``measure()`` (``summarise_rounds``: seconds in fp32 and in bf16) finds
     bf16 faster by ``BF16_MARGIN``, else 32-true. ``probe`` names what is measured; with the
     CPU, torch version and threads it keys the cache, which keeps a measurement whose rounds
-    disagreed (a busy machine) only with ``cache_unsteady``. ``what`` names it in the reason."""
+    disagreed (a busy machine) only with ``cache_unsteady``. ``what`` names it in the reason;
+    ``announce``: say on stderr that a probe runs (False in DDP's other processes)."""
     cpu = cpu_model()
     if not has_native_bf16():
         return PrecisionChoice("32-true", f"no native bf16 matmuls on {cpu}")
@@ -157,7 +156,7 @@ def choose_by_probe(probe: str, measure: Callable[[], dict], what: str,
     timing = _cached(key)
     if timing is not None:
         return _choice(timing, what, cpu, "cached probe", measured=False)
-    if rank_zero_only.rank == 0:  # not once per DDP process
+    if announce:
         print(f"precision auto: timing {what} against fp32 (the answer is cached in {CACHE}; "
               "delete that file to measure again) ...", file=sys.stderr, flush=True)
     timing, source = measure(), "probe"
@@ -197,49 +196,6 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}  # by Lightning'
 def autocast_dtype(choice: PrecisionChoice) -> torch.dtype | None:
     """The dtype autocast runs matmuls in under ``choice``; None for full precision."""
     return AUTOCAST_DTYPES.get(choice.precision.split("-")[0])
-
-
-class CachedMixedPrecision(MixedPrecision):
-    """Lightning's mixed precision with autocast's cast cache on.
-
-    Lightning 2.6 runs steps under ``torch.autocast(..., cache_enabled=False)``, which casts a
-    weight to bf16 again at every use. The RNN decoder uses each weight at every target
-    position, so each decoder weight is cast ~20 times per step: the RNN's step ran 1.07x
-    faster on average with the cache (1.01-1.13x; Lightning issue 21611). Lightning turned the
-    cache off because a ``no_grad`` forward inside autocast used to poison it (torch issue
-    112583); torch fixed that itself (pull 165068; tested here), our steps run no such forward,
-    and the cache is cleared when each step's context exits, before the optimizer changes the
-    weights. With the cache a reused weight's gradient sums in bf16 before its one cast back,
-    as under plain ``torch.autocast`` (cache on by default): 0.3% from the fp32 sum on the
-    tiny RNN."""
-
-    def forward_context(self) -> torch.autocast:
-        return torch.autocast(self.device, dtype=AUTOCAST_DTYPES[self.precision.split("-")[0]])
-
-    def clip_gradients(self, optimizer: torch.optim.Optimizer, clip_val: float = 0.0,
-                       gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
-                       ) -> None:
-        """Lightning refuses to clip for an optimizer that unscales its own gradients (fused
-        Adam), which is right under fp16's gradient scaler: they would be clipped still scaled.
-        bf16 has no scaler, so its gradients are the true ones and clip as in full precision."""
-        if self.scaler is None:
-            Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
-        else:
-            super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
-
-
-MIXED_ALIASES = {"bf16": "bf16-mixed", "16": "16-mixed"}  # Lightning's names for the same
-
-
-def trainer_precision(choice: PrecisionChoice, accelerator: str) -> tuple[str | None, list]:
-    """``L.Trainer``'s ``precision`` flag and precision plugins for ``choice``: a mixed
-    precision (bf16-mixed, 16-mixed, or Lightning's short names for them, bf16 and 16) as
-    ``CachedMixedPrecision``, any other by its name."""
-    precision = MIXED_ALIASES.get(choice.precision, choice.precision)
-    if not precision.endswith("-mixed"):
-        return precision, []
-    cuda = torch.cuda.is_available() and accelerator in ("auto", "cuda", "gpu")
-    return None, [CachedMixedPrecision(precision, "cuda" if cuda else "cpu")]
 
 
 PROBE_STEPS = 4  # decoding steps per timed round of ``time_decoding``
@@ -300,19 +256,4 @@ def decoding_precision(config, model: torch.nn.Module, device_type: str,
     if choice.measured:  # what the wait was for; later runs read the cache quietly
         print(f"decoding precision: {choice.precision} ({choice.reason})", file=sys.stderr,
               flush=True)
-    return choice
-
-
-_announced: set[PrecisionChoice] = set()
-
-
-def training_precision(config) -> PrecisionChoice:
-    """``resolve_precision`` for a run's ``Config`` (its model's shapes), printed once per
-    process so that the user sees what ``auto`` chose and why."""
-    shapes = probe_shapes(config.model, config.data.vocab_size)
-    choice = resolve_precision(config.trainer.precision, lambda: choose_cpu_precision(shapes),
-                               config.trainer.accelerator)
-    if choice not in _announced and rank_zero_only.rank == 0:  # once, not by every DDP process
-        _announced.add(choice)
-        print(f"precision: {choice.precision} ({choice.reason})", flush=True)
     return choice

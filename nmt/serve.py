@@ -38,12 +38,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from nmt.attention_stats import attention_matrix
 from nmt.config import load_config
-from nmt.data.tokenizer import Tokenizer
+from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError
 from nmt.models import build_model, check_model_config, model_option
-from nmt.plots import EOS_PIECE, attention_matrix
 from nmt.translator import check_ensemble, check_run_weights, source_limit
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")

@@ -20,8 +20,7 @@ import torch
 from sacrebleu.metrics import BLEU
 
 from nmt.attention_stats import attention_statistics, teacher_forced_weights
-from nmt.data.batching import PairDataset
-from nmt.data.module import decoding_loader
+from nmt.data.batching import PairDataset, decoding_loader
 from nmt.errors import NMTError
 from nmt.evaluate import best_translations, split_pairs
 from nmt.files import write_atomic

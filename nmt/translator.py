@@ -17,14 +17,12 @@ from pathlib import Path
 import torch
 
 from nmt.config import Config, run_config
-from nmt.data.batching import PairDataset
-from nmt.data.module import decoding_loader
-from nmt.data.tokenizer import Tokenizer
+from nmt.data.batching import PairDataset, decoding_loader
+from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError, first_line
 from nmt.models import build_model
 from nmt.models.ensemble import Ensemble
-from nmt.plots import EOS_PIECE
 from nmt.precision import autocast_dtype, decoding_precision
 from nmt.search import Hypothesis, beam_search, greedy_search
 

@@ -37,7 +37,7 @@ from nmt.data.module import PreparedData, prepare_data, split_dataset
 from nmt.data.tokenizer import PAD
 from nmt.loss import smoothed_cross_entropy
 from nmt.models import build_model
-from nmt.precision import training_precision
+from nmt.trainer import training_precision
 
 
 @dataclass

@@ -71,7 +71,8 @@ def _time_plain_loop(config: Config, steps: int, warmup: int, levers: bool) -> t
     precision, dtype = "32-true", None
     if levers:
         from nmt.allocator import keep_freed_memory
-        from nmt.precision import autocast_dtype, training_precision
+        from nmt.precision import autocast_dtype
+        from nmt.trainer import training_precision
 
         keep_freed_memory()
         choice = training_precision(config)

@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from nmt.allocator import keep_freed_memory
 from nmt.config import load_config
-from nmt.precision import training_precision
+from nmt.trainer import training_precision
 
 MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"}
 

@@ -462,6 +462,19 @@ def test_parsing_the_command_line_imports_no_torch():
     assert done.stdout == "False\n"
 
 
+def test_translating_and_serving_import_no_lightning(run, tmp_path):
+    """translate and serve load a run and decode without Lightning, datasets or matplotlib:
+    Lightning brings torchmetrics, which imports transformers where it is installed, and a
+    served model's worker process imports all of it again (tens of seconds on a GPU machine)."""
+    source = tmp_path / "in.txt"
+    source.write_text("haus mann\n")
+    check = ("import sys; import nmt.serve; from nmt.cli import main; "
+             f"main(['translate', '--checkpoint', {str(run)!r}, '--input', {str(source)!r}]); "
+             "print([m for m in ('lightning', 'datasets', 'matplotlib') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "[]"
+
+
 def test_undecodable_input_names_the_file_and_line(run, tmp_path, capsys):
     source = tmp_path / "bad.txt"
     source.write_bytes(b"haus\nhund \xff\xfe\n")

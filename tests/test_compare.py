@@ -14,8 +14,9 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 from scipy.stats import ttest_rel
 
+from nmt.attention_stats import attention_matrix
 from nmt.cli import main
-from nmt.plots import attention_matrix, draw_attention
+from nmt.plots import draw_attention
 from nmt.provenance import code_commit
 
 from .conftest import REPO, write_corpus

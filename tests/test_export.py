@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from nmt import export
+from nmt.attention_stats import attention_matrix
 from nmt.cli import main
 from nmt.config import load_config, save_config
 from nmt.data.batching import collate
+from nmt.data.tokenizer import EOS_PIECE
 from nmt.export import CTranslate2Translator, ranked
-from nmt.plots import EOS_PIECE, attention_matrix
 from nmt.translator import Translator
 
 from .test_cli import corpus, run  # noqa: F401  (module-scoped fixtures: a tiny trained run)

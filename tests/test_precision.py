@@ -7,6 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt import precision
+from nmt import trainer as trainer_module
 from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
@@ -83,8 +84,8 @@ def test_real_probe_times_both_types():
 
 def test_training_precision_uses_the_model_shapes(cache, monkeypatch, capsys):
     calls = fake_timing(monkeypatch, 1.0, 0.5)
-    config = load_config("configs/rnn_bahdanau.yaml", ["trainer.precision=auto"])
-    choice = precision.training_precision(config)
+    config = load_config("configs/rnn_bahdanau.yaml", ["trainer.precision=auto", "trainer.accelerator=cpu"])
+    choice = trainer_module.training_precision(config)
     assert choice.precision == "bf16-mixed"
     # The decoder cell's gates over [y (256); c (512)], the output layer tied to the 256-dim embedding.
     assert calls[0] == [(512, 512, 512), (512, 768, 1536), (512, 256, 8000)]
@@ -173,7 +174,7 @@ def test_mixed_precision_training_keeps_autocasts_cast_cache(tmp_path, given, ru
     for trainer in build_trainer(config, tmp_path), benchmark_trainer(config, 3, []):
         assert trainer.precision == runs_in
         assert trainer.gradient_clip_val == config.trainer.gradient_clip_val > 0
-        assert isinstance(trainer.precision_plugin, precision.CachedMixedPrecision) == plugin
+        assert isinstance(trainer.precision_plugin, trainer_module.CachedMixedPrecision) == plugin
         if plugin:
             with trainer.precision_plugin.forward_context():
                 assert torch.is_autocast_cache_enabled()
@@ -200,7 +201,7 @@ def test_the_cast_cache_keeps_every_gradient():
 
     uncached = gradients(MixedPrecision("bf16-mixed", "cpu"))
     for no_grad_first in (False, True):
-        cached = gradients(precision.CachedMixedPrecision("bf16-mixed", "cpu"), no_grad_first)
+        cached = gradients(trainer_module.CachedMixedPrecision("bf16-mixed", "cpu"), no_grad_first)
         assert all(g is not None for g in cached)
         for c, u in zip(cached, uncached):
             assert (c - u).norm() <= 0.01 * u.norm()
@@ -268,8 +269,8 @@ def test_bf16_clips_the_gradients_of_an_optimizer_that_unscales_its_own():
     with pytest.raises(RuntimeError, match="fused"):
         MixedPrecision("bf16-mixed", "cpu").clip_gradients(optimizer, 1.0)
     with pytest.raises(RuntimeError, match="fused"):
-        precision.CachedMixedPrecision("16-mixed", "cpu").clip_gradients(optimizer, 1.0)
-    precision.CachedMixedPrecision("bf16-mixed", "cpu").clip_gradients(optimizer, 1.0)
+        trainer_module.CachedMixedPrecision("16-mixed", "cpu").clip_gradients(optimizer, 1.0)
+    trainer_module.CachedMixedPrecision("bf16-mixed", "cpu").clip_gradients(optimizer, 1.0)
     torch.testing.assert_close(weight.grad.norm(), torch.tensor(1.0))
 
 

@@ -15,7 +15,7 @@ from typing import BinaryIO
 from nmt.cli.options import positive_int
 from nmt.config import DECODING_PRECISIONS
 from nmt.errors import NMTError
-from nmt.files import atomic_path
+from nmt.files import GZIP_ERRORS, atomic_path, open_bytes
 
 # Lines translated together: the translator sorts them by length into batches, so larger
 # chunks waste less padding; smaller ones show output sooner (docs/performance.md).
@@ -99,8 +99,6 @@ def parse_margin(text: str) -> float | None:
 def open_input(path: str | None) -> AbstractContextManager[BinaryIO]:
     """The input as bytes: a file (``.gz`` decompressed, as corpus files are), a pipe such
     as /dev/stdin, or stdin (left open after)."""
-    from nmt.data.corpus import open_bytes  # here: it imports datasets, which --help need not
-
     try:
         if not path:
             return nullcontext(sys.stdin.buffer)
@@ -112,8 +110,6 @@ def open_input(path: str | None) -> AbstractContextManager[BinaryIO]:
 def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[list[str]]:
     """The lines of ``stream`` (called ``name`` in errors) as text, ``size`` at a time, each
     chunk as soon as its lines have arrived; a line that is not UTF-8 is an error naming it."""
-    from nmt.data.corpus import GZIP_ERRORS
-
     chunk = []
     try:
         for number, raw in enumerate(stream, start=1):  # split on \n only, as files are written

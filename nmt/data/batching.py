@@ -220,3 +220,9 @@ class ResumableLoader(DataLoader):
     def load_state_dict(self, state: dict) -> None:
         if state["epoch"] == self.batch_sampler.epoch:
             self.batch_sampler.start = self.position = state["position"]
+
+
+def decoding_loader(dataset: PairDataset, max_tokens: int, rank: int = 0, world: int = 1):
+    """Length-sorted batches for decoding; ``Batch.idx`` restores the original order."""
+    sampler = TokenBatchSampler(dataset.lengths(), max_tokens, False, rank=rank, world_size=world)
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=as_batch)

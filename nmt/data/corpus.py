@@ -18,19 +18,17 @@ readers that split on those would silently shift every later pair by one.
 from __future__ import annotations
 
 import codecs
-import gzip
 import itertools
 import re
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import datasets
 
 from nmt.config import DataConfig
 from nmt.errors import NMTError, first_line
+from nmt.files import GZIP_ERRORS, open_bytes
 
 SPLITS = ("train", "val", "test")
 # Local file stems of each split, first match wins (Multi30k names its test set by year).
@@ -145,14 +143,6 @@ def read_lines(path: str) -> Iterator[list[str]]:
 
 
 # What reading a truncated .gz, or a file named .gz that is not gzip, raises part of the way
-GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
-
-
-def open_bytes(path: str) -> BinaryIO:
-    """A file for reading its bytes, ``.gz`` decompressed (reads may raise ``GZIP_ERRORS``)."""
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-
-
 def read_blocks(path: str) -> Iterator[bytes]:
     """The bytes of a file (``.gz`` decompressed), in non-empty blocks of up to
     ``CHUNK_BYTES``, less a UTF-8 byte-order mark at its start (Windows editors write one: it

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from nmt.config import DataConfig
-from nmt.data.batching import PairDataset, ResumableLoader, TokenBatchSampler, as_batch
+from nmt.data.batching import PairDataset, ResumableLoader, TokenBatchSampler, decoding_loader
 from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.prepare import load_side, prepare
 from nmt.data.tokenizer import Tokenizer
@@ -69,12 +69,6 @@ def training_pairs_note(data: PreparedData, max_len: int) -> str | None:
     kept = len(src) - int(empty.sum()) - int(too_long.sum())
     return (f"training on {kept:,} of {len(src):,} pairs: left out {int(too_long.sum()):,} longer "
             f"than data.max_len ({max_len} pieces) and {int(empty.sum()):,} with an empty side")
-
-
-def decoding_loader(dataset: PairDataset, max_tokens: int, rank: int = 0, world: int = 1):
-    """Length-sorted batches for decoding; ``Batch.idx`` restores the original order."""
-    sampler = TokenBatchSampler(dataset.lengths(), max_tokens, False, rank=rank, world_size=world)
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=as_batch)
 
 
 class TranslationDataModule(L.LightningDataModule):

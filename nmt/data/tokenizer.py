@@ -15,6 +15,7 @@ import sentencepiece as spm
 from nmt.errors import NMTError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+EOS_PIECE = "</s>"  # EOS as the pictures and the API show it
 
 
 class Tokenizer:

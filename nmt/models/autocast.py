@@ -1,7 +1,7 @@
 """One cast for a tensor that several matmuls read under autocast.
 
 Autocast casts a matmul's fp32 input to bf16 (or fp16) at every call: a weight only once per
-step (its cast cache, ``precision.CachedMixedPrecision``), an activation at every use, and
+step (its cast cache, ``trainer.CachedMixedPrecision``), an activation at every use, and
 each cast's backward casts a gradient back. Where one activation feeds several matmuls, cast
 it once before them.
 """
