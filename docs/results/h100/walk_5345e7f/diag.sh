@@ -1,4 +1,7 @@
 #!/bin/bash
+# As run on the lent H100 (2026-11-27), from the repository root, with gpu_carry/ carried: the
+# Multi30k files, wheels of what the GPU image lacks (datasets, dill, multiprocess, omegaconf
+# 2.3, antlr4, litserve and its needs), and for diag.sh py-spy and a 5-step run (gpu_carry/tiny).
 # Why `nmt serve` never answered on the H100 (walk.sh): the worker's setup in-process, then the
 # server with stack dumps of every Python process after 30 s.
 PY=${PY:-python3}

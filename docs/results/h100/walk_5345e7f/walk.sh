@@ -1,4 +1,7 @@
 #!/bin/bash
+# As run on the lent H100 (2026-11-27), from the repository root, with gpu_carry/ carried: the
+# Multi30k files, wheels of what the GPU image lacks (datasets, dill, multiprocess, omegaconf
+# 2.3, antlr4, litserve and its needs), and for diag.sh py-spy and a 5-step run (gpu_carry/tiny).
 # A GPU walk-through at HEAD, one call on the lent H100: bench train (quiet), then the test suite
 # (pytest -n 8) beside two short trainings, then the README's decoding commands on their runs:
 # evaluate, translate (stdin, n-best, auto precision), average, ensemble, serve + a request,
