@@ -876,6 +876,8 @@ def test_a_bad_option_names_its_key(capsys, option, message):
     (["bench", "train"], ["--src_lang", "de"], "did you mean --src-lang?"),
     (["train"], ["--beam", "5"], "unknown option --beam: config keys are set as --section.key"),
     (["train"], ["--lr", "0.1"], "unknown option --lr: did you mean --optim.lr?"),  # not --help
+    (["train"], ["lr=0.1"], "unknown option lr: did you mean optim.lr?"),  # as written
+    (["train"], ["--lr=0.1"], "unknown option --lr: did you mean --optim.lr?"),
     (["train"], ["--help-me", "1"], "config keys are set as --section.key"),
     # a whole section is a config key: taken as one, as before
     (["train"], ["--trainer", "{max_epochs: 0}"], "trainer.max_epochs and trainer.max_steps of 0"),

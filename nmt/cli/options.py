@@ -63,35 +63,36 @@ def dotted_overrides(extra: list[str], known_options: list[str] = ()) -> list[st
     """``--a.b v``, ``--a.b=v`` and ``a.b=v`` -> ["a.b=v", ...]; an undotted ``--key`` that is
     no config field is a misspelt option (``unknown_option``), the nearest of
     ``known_options`` named."""
-    out, i = [], 0
+    out, i = [], 0  # (the option as named, "key=value")
     while i < len(extra):
         arg = extra[i]
         if arg.startswith("--") and "=" in arg:
-            out.append(arg[2:])
+            out.append((arg.split("=", 1)[0], arg[2:]))
         elif arg.startswith("--") and i + 1 < len(extra):
-            out.append(f"{arg[2:]}={extra[i + 1]}")
+            out.append((arg, f"{arg[2:]}={extra[i + 1]}"))
             i += 1
         elif "=" in arg and not arg.startswith("-"):
-            out.append(arg)
+            out.append((arg.split("=", 1)[0], arg))
         else:
             raise NMTError(f"cannot read option '{arg}'; use --section.key VALUE or section.key=VALUE")
         i += 1
-    pairs = [o.split("=", 1) for o in out]  # [given key, value]
-    for given, _ in pairs:
+    pairs = [(name, *override.split("=", 1)) for name, override in out]  # name, key, value
+    for name, given, _ in pairs:
         key = given.replace("-", "_")
         if "." not in key and key not in CONFIG_SECTIONS:
-            raise unknown_option("--" + given, key, known_options)
-    return [key.replace("-", "_") + "=" + value for key, value in pairs]
+            raise unknown_option(name, key, known_options)
+    return [key.replace("-", "_") + "=" + value for _, key, value in pairs]
 
 
 def unknown_option(name: str, key: str, known_options: list[str]) -> NMTError:
     """A one-line error for option ``name`` (config key ``key``) that no parser took: the
     command's option of that name (--src_lang: --src-lang), else the config key of that name
-    in its section (--lr: --optim.lr), else the command's nearest option (--max-tim:
-    --max-time)."""
+    in its section (--lr: --optim.lr; lr=0.1: optim.lr), else the command's nearest option
+    (--max-tim: --max-time)."""
     options = [o for o in known_options if o not in ("-h", "--help")]
     same = [o for o in options if o == "--" + key.replace("_", "-")]
-    sections = [f"--{section}.{key}" for section, fields in CONFIG_SECTIONS.items() if key in fields]
+    dashes = "--" if name.startswith("--") else ""  # a config key as the user wrote theirs
+    sections = [f"{dashes}{section}.{key}" for section, fields in CONFIG_SECTIONS.items() if key in fields]
     near = same or sections or difflib.get_close_matches(name, options, n=1, cutoff=0.6)
     hint = (f"did you mean {near[0]}?" if near else
             "config keys are set as --section.key VALUE, e.g. --trainer.max_epochs 3")
