@@ -13,6 +13,7 @@ from typing import BinaryIO
 
 from nmt.errors import NMTError
 
+# What reading a truncated .gz, or a file named .gz that is not gzip, raises part of the way
 GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
 
 

@@ -142,7 +142,6 @@ def read_lines(path: str) -> Iterator[list[str]]:
             yield lines
 
 
-# What reading a truncated .gz, or a file named .gz that is not gzip, raises part of the way
 def read_blocks(path: str) -> Iterator[bytes]:
     """The bytes of a file (``.gz`` decompressed), in non-empty blocks of up to
     ``CHUNK_BYTES``, less a UTF-8 byte-order mark at its start (Windows editors write one: it
