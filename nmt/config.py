@@ -156,16 +156,17 @@ def overrides_layer(overrides: list[str]) -> DictConfig:
                 problem = getattr(err, "problem", None) or first_line(err)
                 raise NMTError(f"bad config: {item}: the value is not YAML ({problem})") from None
         raise
-
-
-# A list reached as a mapping (optim.betas.0=0.8): OmegaConf 2.4 raises a TypeError, 2.3 this
-LIST_AS_MAPPING_2_3 = "Cannot merge DictConfig with ListConfig"
+    except ValueError as err:  # optim.betas=[0.9,0.98] optim.betas.a=1: OmegaConf's int('a')
+        raise NMTError(f"bad config: a list's item named by other than its number ({first_line(err)}); "
+                       "number it from 0, e.g. optim.betas.1=0.95") from None
 
 
 def config_error(err: OmegaConfBaseException | TypeError) -> str:
     """OmegaConf's first line, with the key it is about, and its jargon for a list put plainly."""
     first, key = str(err).splitlines()[0], getattr(err, "full_key", None)
-    if isinstance(err, TypeError) or LIST_AS_MAPPING_2_3 in first:
+    # A list and a mapping merged (optim.betas.0=0.8): a TypeError from OmegaConf 2.4, a
+    # ConfigTypeError (a TypeError too) from 2.3, in other words
+    if isinstance(err, TypeError):
         return (f"{first}: a list option given by its items? give the whole list, "
                 "e.g. optim.betas=[0.9,0.98]")
     if key and "is not a ListConfig" in first:

@@ -470,7 +470,8 @@ def test_translating_and_serving_import_no_lightning(run, tmp_path):
     source.write_text("haus mann\n")
     check = ("import sys; import nmt.serve; from nmt.cli import main; "
              f"main(['translate', '--checkpoint', {str(run)!r}, '--input', {str(source)!r}]); "
-             "print([m for m in ('lightning', 'datasets', 'matplotlib') if m in sys.modules])")
+             "print([m for m in ('lightning', 'lightning_fabric', 'pytorch_lightning', 'torchmetrics', "
+             "'transformers', 'datasets', 'matplotlib') if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
     assert done.stdout.splitlines()[-1] == "[]"
 

@@ -92,6 +92,21 @@ def test_training_precision_uses_the_model_shapes(cache, monkeypatch, capsys):
     assert "precision: bf16-mixed" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_only_the_first_ddp_process_says_what_it_probes_and_chose(cache, monkeypatch, capsys, rank):
+    """Every DDP process resolves the precision; rank 0 alone prints the probe's notice
+    (stderr) and the choice (stdout), as Lightning's other output."""
+    fake_timing(monkeypatch, 1.0, 0.5)
+    monkeypatch.setattr(trainer_module.rank_zero_only, "rank", rank)
+    monkeypatch.setattr(trainer_module, "_announced", set())
+    config = load_config("configs/rnn_bahdanau.yaml", ["trainer.precision=auto", "trainer.accelerator=cpu"])
+    assert trainer_module.training_precision(config).precision == "bf16-mixed"
+    printed = capsys.readouterr()
+    assert ("precision auto: timing" in printed.err) == (rank == 0)
+    assert ("precision: bf16-mixed" in printed.out) == (rank == 0)
+    assert rank == 0 or printed.out == printed.err == ""
+
+
 @pytest.mark.parametrize("model, shapes", [
     # Sizes the config leaves out are the family's defaults (d_model 256, ff_dim 1024), not 512.
     ({"family": "transformer"}, [(512, 256, 256), (512, 256, 1024), (512, 256, 100)]),

@@ -222,6 +222,7 @@ def test_odd_sizes_and_booleans_for_sizes_are_refused_before_a_model_is_built(mo
     ("model.heads=true", "model.heads must be int, got True"),
     ("optim.betas=[0.9", "bad config: optim.betas=[0.9: the value is not YAML ("),  # YAML's words vary
     ("optim.betas.0=0.8", "a list option given by its items? give the whole list"),
+    ("optim.betas=[0.9,0.98] optim.betas.a=1", "a list's item named by other than its number"),
     ("model.dropout=true", "model.dropout must be float, got True"),
     ("model.dropout=1.5", "model.dropout must be in [0, 1), got 1.5"),
     ("data.max_tokens=0", "data.max_tokens must be at least 1, got 0"),
