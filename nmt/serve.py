@@ -29,13 +29,14 @@ import socket
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import litserve
 import torch
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import AfterValidator
 from starlette.exceptions import HTTPException
 
 from nmt.attention_stats import attention_matrix
@@ -54,6 +55,25 @@ MAX_BEAM = 16
 BATCH_TIMEOUT = 0.02  # seconds the worker waits for more requests to batch with
 MAX_PAYLOAD = 1_000_000  # bytes
 PAGE_FILES = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript")}
+MAX_DEPTH = 8  # how deep a body's arrays and objects may nest; {"text": ["..."]} needs 2
+
+
+def shallow(body: dict) -> dict:
+    """``body`` if its arrays and objects nest at most ``MAX_DEPTH`` deep. FastAPI checks it in
+    the HTTP process (``RequestBody``), before LitServe pickles the body for its worker, where
+    a few hundred levels overflowed pickle's recursion: a 500, and a traceback in the log."""
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(f"the body nests deeper than {MAX_DEPTH} levels; send a JSON object "
+                             'like {"text": ["..."]}')
+        items = value.values() if isinstance(value, dict) else value
+        stack.extend((item, depth + 1) for item in items if isinstance(item, (dict, list)))
+    return body
+
+
+RequestBody = Annotated[dict, AfterValidator(shallow)]  # a JSON object, parsed by FastAPI
 
 
 @dataclass
@@ -143,7 +163,7 @@ class TranslationAPI(litserve.LitAPI):
         for translator in self.translators.values():
             translator.translate(["warm-up"], self.default_beam)
 
-    def decode_request(self, request: dict) -> Job | Rejected:  # dict: FastAPI parses the JSON
+    def decode_request(self, request: RequestBody) -> Job | Rejected:
         job = parse_request(request, list(self.runs), self.default_beam)
         return self._measure(job) if isinstance(job, Job) else job
 
@@ -260,6 +280,8 @@ async def bad_body(request: Request, error: RequestValidationError) -> JSONRespo
     first = error.errors()[0]
     if first["type"] == "json_invalid":
         message = "the body is not valid JSON"
+    elif first["type"] == "value_error":  # ours: shallow's
+        message = str(first["ctx"]["error"])
     elif first["type"] == "missing":
         message = 'the body is empty; send a JSON object like {"text": ["..."]}'
     elif isinstance(first.get("input"), bytes):  # FastAPI parses JSON only when told it is JSON

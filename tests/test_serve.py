@@ -178,6 +178,9 @@ def test_attention_matrix_with_pieces(server, runs):
     (b"", "the body is empty"),
     (b'{"text": ["\xff\xfe"]}', "error parsing the body"),  # not UTF-8
     (b'{"text": ["ok", "\\ud800"]}', "text 2 is not valid Unicode"),  # a lone surrogate
+    (b'{"text": ["x"], "beam": ' + b"[" * 8 + b"]" * 8 + b"}", "nests deeper than 8 levels"),
+    # deeper than pickle could take on its way to the worker: a 500 before
+    (b'{"text": ["x"], "beam": ' + b"[" * 600 + b"]" * 600 + b"}", "nests deeper than 8 levels"),
 ])
 def test_bad_request_gets_one_line_400(server, body, message):
     status, answer = request(server + "/translate", body)
