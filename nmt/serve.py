@@ -101,7 +101,9 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
         return Rejected('the body must be a JSON object like {"text": ["..."]}')
     unknown = [key for key in body if key not in FIELDS]
     if unknown:
-        return Rejected(f"unknown field '{unknown[0]}'; valid fields: {', '.join(FIELDS)}")
+        # named as JSON writes it: a lone surrogate or a newline in a key, escaped, cannot
+        # break the answer's encoding (a 500 for every request batched with it) or its one line
+        return Rejected(f"unknown field {json.dumps(unknown[0])}; valid fields: {', '.join(FIELDS)}")
     texts, beam = body.get("text"), body.get("beam", default_beam)
     attention, model = body.get("attention", False), body.get("model", models[0])
     if "text" not in body:
@@ -118,7 +120,7 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
     if not isinstance(attention, bool):
         return Rejected(f"'attention' must be true or false, got {json.dumps(attention)}")
     if model not in models:
-        return Rejected(f"unknown model {json.dumps(model, ensure_ascii=False)}; served: {', '.join(models)}")
+        return Rejected(f"unknown model {json.dumps(model)}; served: {', '.join(models)}")
     return Job(texts, beam, attention, model)
 
 

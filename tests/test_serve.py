@@ -172,7 +172,10 @@ def test_attention_matrix_with_pieces(server, runs):
     ({"text": ["x"], "attention": 1}, "'attention' must be true or false"),
     ({"text": ["x"], "model": "third"}, 'unknown model "third"; served: first, second'),
     ({"text": ["x"], "model": None}, "unknown model null; served: first, second"),
-    ({"text": ["x"], "txet": 1}, "unknown field 'txet'"),
+    ({"text": ["x"], "txet": 1}, 'unknown field "txet"'),
+    (b'{"text": ["x"], "\\udc80": 1}', 'unknown field "\\udc80"'),  # a lone surrogate: a 500 before
+    (b'{"text": ["x"], "a\\nb": 1}', 'unknown field "a\\nb"'),  # one line
+    (b'{"text": ["x"], "model": "\\ud800"}', 'unknown model "\\ud800"'),
     (b"[1, 2]", "the body must be a JSON object"),
     (b'{"text": [', "not valid JSON"),
     (b"", "the body is empty"),
@@ -228,7 +231,8 @@ def test_concurrent_requests_each_get_their_own_answer(server, runs):
     translators, _, sentences = runs
     jobs = [{"text": sentences[i : i + 1 + i % 3], "beam": 1 + i % 2, "model": ("first", "second")[i % 2]}
             for i in range(24)]
-    bad = {5: {"text": [], "model": "first"}, 17: {"text": ["x"], "model": "nobody"}}
+    bad = {5: {"text": [], "model": "first"}, 17: {"text": ["x"], "model": "nobody"},
+           11: {"text": ["x"], "model": "\ud800"}}  # its answer's error could not be encoded
     jobs = [bad.get(i, job) for i, job in enumerate(jobs)]
     with ThreadPoolExecutor(len(jobs)) as pool:
         answers = list(pool.map(lambda job: request(server + "/translate", job), jobs))
