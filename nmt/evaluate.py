@@ -79,7 +79,7 @@ def evaluate_split(translator, run_dir: Path, split: str, beam: int | None = Non
         sources, references = file_pairs(*files)
     else:
         sources, references = split_pairs(translator.config.data, split)
-    beam, alpha = decoding_options(translator.config.decoding, beam, 1, alpha)
+    beam, alpha = decoding_options(translator.config.decoding, beam, 1, alpha, len(translator.tokenizer))
     hyps = best_translations(translator, sources, beam, alpha)
     scores = score_corpus(hyps, references)
     if files:

@@ -224,7 +224,7 @@ class CTranslate2Translator:
         """Same contract as ``Translator.translate``; attention is (T, S): the last layer's
         cross-attention averaged over heads."""
         dec = self.config.decoding
-        beam_size, alpha = decoding_options(dec, beam_size, nbest, alpha)
+        beam_size, alpha = decoding_options(dec, beam_size, nbest, alpha, len(self.tokenizer))
         alpha = 0.0 if beam_size == 1 else alpha  # greedy scores are raw, as greedy_search's
         ids = self.encode_lines(lines, warn, first_line)
         results = [[Translation("", 0.0, [], log_prob=0.0)] for _ in lines]  # empty lines

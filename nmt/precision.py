@@ -107,18 +107,21 @@ def time_matmuls(shapes: list[tuple[int, int, int]], rounds: int = 2) -> dict:
     return summarise_rounds(times)
 
 
-def _cached(key: str) -> dict | None:
+def _entries() -> dict:
+    """The cache's entries; none where it is missing, unreadable or not a JSON object."""
     try:
-        return json.loads(CACHE.read_text()).get(key)
+        entries = json.loads(CACHE.read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def _cached(key: str) -> dict | None:
+    return _entries().get(key)
 
 
 def _store(key: str, value: dict) -> None:
-    try:
-        entries = json.loads(CACHE.read_text()) if CACHE.is_file() else {}
-    except (OSError, ValueError):
-        entries = {}
+    entries = _entries()
     entries[key] = value
     try:
         CACHE.parent.mkdir(parents=True, exist_ok=True)

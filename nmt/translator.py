@@ -79,15 +79,19 @@ def check_max_len_ratio(ratio: float) -> None:
         raise NMTError(f"decoding.max_len_ratio must be 0 or more, got {ratio}")
 
 
-def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None) -> tuple[int, float]:
+def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None,
+                     vocab: int | None = None) -> tuple[int, float]:
     """Beam size and length penalty: the arguments given, else the run's decoding config;
-    an impossible beam / n-best pair, a negative prune margin or output length ratio is a
-    one-line error."""
+    an impossible beam / n-best pair, a beam over the ``vocab`` size, a negative prune margin
+    or output length ratio is a one-line error."""
     check_max_len_ratio(dec.max_len_ratio)
     beam_size = dec.beam_size if beam_size is None else beam_size
     alpha = dec.alpha if alpha is None else alpha
     if beam_size < 1 or not 1 <= nbest <= beam_size:
         raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, nbest {nbest}")
+    if vocab is not None and beam_size > vocab:  # memory grows with it: bad_alloc, or the OOM killer
+        raise NMTError(f"beam {beam_size:,} is more than the vocabulary's {vocab:,} pieces, the most "
+                       "a first step can tell apart: give a smaller --beam")
     if not math.isfinite(alpha):
         raise NMTError(f"the length penalty alpha must be a number, got {alpha}")
     if dec.prune_margin is not None and not dec.prune_margin >= 0:  # NaN too
@@ -266,7 +270,7 @@ class Translator:
         ``first_line``: the input's number of ``lines[0]``, for the warnings on stderr about
         lines cut to the model's length (none with ``warn`` False)."""
         dec = self.config.decoding
-        beam_size, alpha = decoding_options(dec, beam_size, nbest, alpha)
+        beam_size, alpha = decoding_options(dec, beam_size, nbest, alpha, len(self.tokenizer))
         ids = self.encode_lines(lines, warn, first_line)
         results = [[Translation("", 0.0, [], log_prob=0.0)] for _ in lines]  # empty lines
         todo = [i for i, seq in enumerate(ids) if seq]

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import stat
@@ -337,6 +338,7 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatc
     (["translate", "--checkpoint", "README.md", "--bea", "5"], "unrecognized arguments: --bea 5"),
     (["average", "--checkpoint", "{export}"], "is a CTranslate2 export: nmt average takes a training run"),
     (["average", "--checkpoint", "docs"], "no config.yaml in docs: is it a training run directory?"),
+    (["translate", "--checkpoint", "docs", "--input", ""], "--input is empty"),  # not stdin
 ])
 def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
@@ -674,6 +676,7 @@ def _epoch_target_tokens(run_dir: Path, world_size: int) -> int:
 @pytest.mark.parametrize("extra,message", [
     (["--nbest", "0"], "nbest"),
     (["--beam", "-2"], "beam >= 1"),
+    (["--beam", "100000"], "is more than the vocabulary's"),  # bad_alloc, or the OOM killer
     (["--device", "cuda"], "CUDA") if not torch.cuda.is_available() else (["--nbest", "9"], "nbest"),
 ])
 def test_bad_decoding_options(run, tmp_path, extra, message, capsys):
@@ -774,6 +777,38 @@ def test_output_to_dev_stdout_writes_to_the_stream_whatever_it_is(run, tmp_path)
         inode = os.fstat(out.fileno()).st_ino
         assert subprocess.run(command, stdout=out, cwd=REPO, timeout=300).returncode == 0
     assert log.read_text() == piped.stdout and log.stat().st_ino == inode  # the same file
+
+
+def test_output_to_dev_stdout_keeps_what_the_shell_writes_around_it(run, tmp_path):
+    """--output /dev/stdout goes through stdout itself: opened anew, it truncated a file the
+    shell appends to (>>) and was written from the file's start, over what the shell wrote
+    before and after it."""
+    source = tmp_path / "in.txt"
+    source.write_text("haus mann\nkatze\n")
+    command = shlex.join([sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run),
+                          "--input", str(source), "--beam", "1", "--output", "/dev/stdout"])
+    log = tmp_path / "log.txt"
+    log.write_text("keep\n")
+    shell = f"{{ echo header; {command}; echo footer; }} >> {shlex.quote(str(log))}"
+    assert subprocess.run(["bash", "-c", shell], cwd=REPO, timeout=300).returncode == 0
+    lines = log.read_text().splitlines()
+    assert lines[:2] == ["keep", "header"] and lines[-1] == "footer" and len(lines) == 5
+
+
+@pytest.mark.parametrize("redirect, message", [
+    ("< {source}", "is the input file (stdin)"),  # translations would replace their text
+    ("<&-", "stdin is closed: give --input FILE"),
+    (">&-", "stdout is closed: give --output FILE"),
+])
+def test_stdin_and_stdout_as_the_shell_left_them(run, tmp_path, redirect, message):
+    source = tmp_path / "in.txt"
+    source.write_text("haus mann\n")
+    output = ["--output", str(source)] if redirect.startswith("< ") else []
+    command = shlex.join([sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run), *output])
+    done = subprocess.run(["bash", "-c", f"{command} {redirect.format(source=shlex.quote(str(source)))}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert source.read_text() == "haus mann\n"
 
 
 def test_killed_run_resumes_to_the_same_weights(corpus, run):

@@ -82,6 +82,14 @@ def test_real_probe_times_both_types():
     assert set(timing) == {"fp32", "bf16", "steady"} and timing["fp32"] > 0 and timing["bf16"] > 0
 
 
+@pytest.mark.parametrize("text", ["[1, 2]", "not json", '"a string"'])
+def test_a_cache_that_is_no_json_object_is_measured_anew_and_replaced(cache, monkeypatch, text):
+    fake_timing(monkeypatch, 1.0, 0.5)
+    cache.write_text(text)
+    assert precision.choose_cpu_precision([(8, 8, 8)]).measured
+    assert not precision.choose_cpu_precision([(8, 8, 8)]).measured  # stored this time
+
+
 def test_training_precision_uses_the_model_shapes(cache, monkeypatch, capsys):
     calls = fake_timing(monkeypatch, 1.0, 0.5)
     config = load_config("configs/rnn_bahdanau.yaml", ["trainer.precision=auto", "trainer.accelerator=cpu"])

@@ -6,6 +6,7 @@ import argparse
 import codecs
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -101,6 +102,8 @@ def open_input(path: str | None) -> AbstractContextManager[BinaryIO]:
     as /dev/stdin, or stdin (left open after)."""
     try:
         if not path:
+            if sys.stdin is None:  # the command was started with stdin closed (<&-)
+                raise NMTError("stdin is closed: give --input FILE")
             return nullcontext(sys.stdin.buffer)
         return open_bytes(path)
     except OSError as err:
@@ -148,11 +151,23 @@ def output_writer(path: str | None) -> Iterator[Callable[[str], object]]:
     """Where each chunk's translations go once done: stdout; or a file written beside ``path``
     and renamed over it only when the whole input is translated, so an error part of the way
     leaves an earlier ``path`` whole."""
-    if path is None:
+    if path is None or is_stdout(path):  # /dev/stdout, /proc/self/fd/1, the file > sends to
+        # through stdout itself: opened anew it would be truncated, or written from its start
+        # over what the shell wrote before and after (>>, { ...; } > file)
+        if sys.stdout is None:  # started with stdout closed (>&-)
+            raise NMTError("stdout is closed: give --output FILE")
         yield write_stdout
         return
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
         yield out.write
+
+
+def is_stdout(path: str) -> bool:
+    """Whether ``path`` is what this process' stdout writes to."""
+    try:
+        return sys.stdout is not None and os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError):  # no such file yet; a stdout with no file (a test's capture)
+        return False
 
 
 @contextmanager
@@ -171,6 +186,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
+    if args.input == "":  # an unset shell variable: not stdin
+        raise NMTError("--input is empty: name a file, or - for stdin")
     args.input, args.output = (None if path == "-" else path for path in (args.input, args.output))
     picture_options(args)
     check_output_is_not_input(args.input, args.output)
@@ -192,11 +209,18 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
 
 def check_output_is_not_input(source: str | None, output: str | None) -> None:
-    """The translations would replace the text they translate: a one-line error instead."""
-    if source and output and os.path.isfile(output) and os.path.isfile(source) \
-            and os.path.samefile(output, source):  # a link to it too; not /dev/stdin -> stdout
-        raise NMTError(f"--output {output} is the input file: its text would be replaced by "
-                       "the translations; name another file")
+    """The translations would replace the text they translate (``source``, or stdin where it
+    is None: ``< file``): a one-line error instead. A link to it too; not /dev/stdin and
+    /dev/stdout in a terminal, which is no file."""
+    if not output or not os.path.isfile(output):
+        return
+    try:
+        read = os.stat(source) if source else os.fstat(sys.stdin.fileno())
+    except (OSError, ValueError, AttributeError):  # no such input (its own error); no stdin
+        return
+    if stat.S_ISREG(read.st_mode) and os.path.samestat(read, os.stat(output)):
+        raise NMTError(f"--output {output} is the input file{'' if source else ' (stdin)'}: its "
+                       "text would be replaced by the translations; name another file")
 
 
 def translate_chunk(translator, lines: list[str], first: int, args: argparse.Namespace) -> str:
