@@ -101,9 +101,7 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
         return Rejected('the body must be a JSON object like {"text": ["..."]}')
     unknown = [key for key in body if key not in FIELDS]
     if unknown:
-        # named as JSON writes it: a lone surrogate or a newline in a key, escaped, cannot
-        # break the answer's encoding (a 500 for every request batched with it) or its one line
-        return Rejected(f"unknown field {json.dumps(unknown[0])}; valid fields: {', '.join(FIELDS)}")
+        return Rejected(f"unknown field {quoted(unknown[0])}; valid fields: {', '.join(FIELDS)}")
     texts, beam = body.get("text"), body.get("beam", default_beam)
     attention, model = body.get("attention", False), body.get("model", models[0])
     if "text" not in body:
@@ -120,8 +118,15 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
     if not isinstance(attention, bool):
         return Rejected(f"'attention' must be true or false, got {json.dumps(attention)}")
     if model not in models:
-        return Rejected(f"unknown model {json.dumps(model)}; served: {', '.join(models)}")
+        return Rejected(f"unknown model {quoted(model)}; served: {', '.join(map(quoted, models))}")
     return Job(texts, beam, attention, model)
+
+
+def quoted(value: Any) -> str:
+    """``value`` as JSON writes it, a lone surrogate escaped too: a client's key or model name
+    in an error can break neither the answer's UTF-8 (a 500 for every request batched with it)
+    nor its one line."""
+    return json.dumps(value, ensure_ascii=False).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _is_unicode(text: str) -> bool:

@@ -339,6 +339,7 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatc
     (["average", "--checkpoint", "{export}"], "is a CTranslate2 export: nmt average takes a training run"),
     (["average", "--checkpoint", "docs"], "no config.yaml in docs: is it a training run directory?"),
     (["translate", "--checkpoint", "docs", "--input", ""], "--input is empty"),  # not stdin
+    (["translate", "--checkpoint", "docs", "--output", ""], "--output is empty"),
 ])
 def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
@@ -787,27 +788,33 @@ def test_output_to_dev_stdout_keeps_what_the_shell_writes_around_it(run, tmp_pat
     source.write_text("haus mann\nkatze\n")
     command = shlex.join([sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run),
                           "--input", str(source), "--beam", "1", "--output", "/dev/stdout"])
-    log = tmp_path / "log.txt"
-    log.write_text("keep\n")
-    shell = f"{{ echo header; {command}; echo footer; }} >> {shlex.quote(str(log))}"
-    assert subprocess.run(["bash", "-c", shell], cwd=REPO, timeout=300).returncode == 0
-    lines = log.read_text().splitlines()
-    assert lines[:2] == ["keep", "header"] and lines[-1] == "footer" and len(lines) == 5
+    for fd in (1, 2):  # /dev/stdout, /dev/stderr
+        log = tmp_path / f"log{fd}.txt"
+        log.write_text("keep\n")
+        shell = (f"{{ echo header >&{fd}; {command.replace('/dev/stdout', f'/dev/fd/{fd}')}; "
+                 f"echo footer >&{fd}; }} {fd}>> {shlex.quote(str(log))}")
+        assert subprocess.run(["bash", "-c", shell], cwd=REPO, timeout=300).returncode == 0
+        lines = log.read_text().splitlines()
+        assert lines[:2] == ["keep", "header"] and lines[-1] == "footer" and len(lines) == 5, lines
 
 
-@pytest.mark.parametrize("redirect, message", [
-    ("< {source}", "is the input file (stdin)"),  # translations would replace their text
-    ("<&-", "stdin is closed: give --input FILE"),
-    (">&-", "stdout is closed: give --output FILE"),
+@pytest.mark.parametrize("options, redirect, message", [
+    ("--output {source}", "< {source}", "--output {source} is the input file (stdin)"),
+    ("--buffer-lines 1", "< {source} >> {source}", "stdout is the input file (stdin)"),  # no end
+    ("", "<&-", "stdin is closed: give --input FILE"),
+    ("", ">&-", "stdout is closed: give --output FILE"),
+    # the input file would have taken the closed fd 1, and /dev/stdout truncated it
+    ("--input {source} --output /dev/stdout", ">&-", "stdout is closed: give --output FILE"),
 ])
-def test_stdin_and_stdout_as_the_shell_left_them(run, tmp_path, redirect, message):
+def test_stdin_and_stdout_as_the_shell_left_them(run, tmp_path, options, redirect, message):
     source = tmp_path / "in.txt"
     source.write_text("haus mann\n")
-    output = ["--output", str(source)] if redirect.startswith("< ") else []
-    command = shlex.join([sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run), *output])
-    done = subprocess.run(["bash", "-c", f"{command} {redirect.format(source=shlex.quote(str(source)))}"],
+    fill = {"source": shlex.quote(str(source))}
+    command = shlex.join([sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run)])
+    done = subprocess.run(["bash", "-c", f"{command} {options.format(**fill)} {redirect.format(**fill)}"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert done.returncode == 1 and done.stderr.startswith(f"error: {message.format(source=source)}")
+    assert done.stderr.count("\n") == 1, done.stderr
     assert source.read_text() == "haus mann\n"
 
 

@@ -170,8 +170,9 @@ def test_attention_matrix_with_pieces(server, runs):
     ({"text": ["x"], "beam": "5"}, "'beam' must be an integer"),
     ({"text": ["x"], "beam": 0}, "'beam' must be an integer"),
     ({"text": ["x"], "attention": 1}, "'attention' must be true or false"),
-    ({"text": ["x"], "model": "third"}, 'unknown model "third"; served: first, second'),
-    ({"text": ["x"], "model": None}, "unknown model null; served: first, second"),
+    ({"text": ["x"], "model": "third"}, 'unknown model "third"; served: "first", "second"'),
+    ({"text": ["x"], "model": None}, 'unknown model null; served: "first", "second"'),
+    ({"text": ["x"], "model": "modèle"}, 'unknown model "modèle"'),  # as sent, not \\u00e8
     ({"text": ["x"], "txet": 1}, 'unknown field "txet"'),
     (b'{"text": ["x"], "\\udc80": 1}', 'unknown field "\\udc80"'),  # a lone surrogate: a 500 before
     (b'{"text": ["x"], "a\\nb": 1}', 'unknown field "a\\nb"'),  # one line

@@ -10,6 +10,7 @@ need when they run.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from nmt.allocator import keep_freed_memory
@@ -48,7 +49,20 @@ def parser() -> argparse.ArgumentParser:
         add_command(sub)
     return top
 
+def hold_standard_fds() -> None:
+    """/dev/null on each of fds 0-2 the command was started without (``<&-``, ``>&-``): a file
+    opened later would take its number, and --output /dev/stdout would be that file (the
+    input, truncated). Python's ``sys.stdin`` / ``sys.stdout`` stay None, which the commands
+    that read or write them check."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+
+
 def main(argv: list[str] | None = None) -> int:
+    hold_standard_fds()
     args, extra = parser().parse_known_args(argv)
     keep_freed_memory()
     try:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import functools
 import os
 import signal
 import stat
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import BinaryIO
 
@@ -102,8 +103,6 @@ def open_input(path: str | None) -> AbstractContextManager[BinaryIO]:
     as /dev/stdin, or stdin (left open after)."""
     try:
         if not path:
-            if sys.stdin is None:  # the command was started with stdin closed (<&-)
-                raise NMTError("stdin is closed: give --input FILE")
             return nullcontext(sys.stdin.buffer)
         return open_bytes(path)
     except OSError as err:
@@ -134,15 +133,16 @@ def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[l
         yield chunk
 
 
-def write_stdout(text: str) -> None:
-    """Write and flush at once, so that a program reading our output sees each chunk when it
-    is done. A reader that has gone (``| head``) ends the command quietly, as Unix tools do
-    on SIGPIPE."""
+def write_stream(text: str, name: str = "stdout") -> None:
+    """Write to ``sys.stdout`` (or ``sys.stderr``) and flush at once, so that a program reading
+    our output sees each chunk when it is done. A reader that has gone (``| head``) ends the
+    command quietly, as Unix tools do on SIGPIPE."""
+    stream = getattr(sys, name)
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        stream.write(text)
+        stream.flush()
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # no error at exit's flush
         raise SystemExit(128 + signal.SIGPIPE) from None
 
 
@@ -151,23 +151,29 @@ def output_writer(path: str | None) -> Iterator[Callable[[str], object]]:
     """Where each chunk's translations go once done: stdout; or a file written beside ``path``
     and renamed over it only when the whole input is translated, so an error part of the way
     leaves an earlier ``path`` whole."""
-    if path is None or is_stdout(path):  # /dev/stdout, /proc/self/fd/1, the file > sends to
-        # through stdout itself: opened anew it would be truncated, or written from its start
-        # over what the shell wrote before and after (>>, { ...; } > file)
-        if sys.stdout is None:  # started with stdout closed (>&-)
-            raise NMTError("stdout is closed: give --output FILE")
-        yield write_stdout
+    name = "stdout" if path is None else own_stream(path)
+    if name is not None:  # /dev/stdout, /proc/self/fd/2, the file > sends stdout to: through the
+        # stream itself, as opened anew it would be truncated, or written from its start over
+        # what the shell wrote before and after (>>, { ...; } > file)
+        if getattr(sys, name) is None:  # started with it closed (>&-): /dev/null holds its place
+            raise NMTError(f"{name} is closed: give --output FILE")
+        yield functools.partial(write_stream, name=name)
         return
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
         yield out.write
 
 
-def is_stdout(path: str) -> bool:
-    """Whether ``path`` is what this process' stdout writes to."""
+def own_stream(path: str) -> str | None:
+    """"stdout" or "stderr" where ``path`` is what this process' fd 1 or 2 writes to; else None."""
     try:
-        return sys.stdout is not None and os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
-    except (OSError, ValueError):  # no such file yet; a stdout with no file (a test's capture)
-        return False
+        target = os.stat(path)
+    except OSError:  # no such file yet
+        return None
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        with suppress(OSError):
+            if os.path.samestat(target, os.fstat(fd)):
+                return name
+    return None
 
 
 @contextmanager
@@ -186,8 +192,11 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    if args.input == "":  # an unset shell variable: not stdin
-        raise NMTError("--input is empty: name a file, or - for stdin")
+    for flag, path, stream in (("--input", args.input, "stdin"), ("--output", args.output, "stdout")):
+        if path == "":  # an unset shell variable: not stdin or stdout
+            raise NMTError(f"{flag} is empty: name a file, or - for {stream}")
+    if args.input in (None, "-") and sys.stdin is None:  # started with stdin closed (<&-)
+        raise NMTError("stdin is closed: give --input FILE")
     args.input, args.output = (None if path == "-" else path for path in (args.input, args.output))
     picture_options(args)
     check_output_is_not_input(args.input, args.output)
@@ -209,18 +218,20 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
 
 def check_output_is_not_input(source: str | None, output: str | None) -> None:
-    """The translations would replace the text they translate (``source``, or stdin where it
-    is None: ``< file``): a one-line error instead. A link to it too; not /dev/stdin and
-    /dev/stdout in a terminal, which is no file."""
-    if not output or not os.path.isfile(output):
-        return
+    """The translations would replace the text they translate, or grow it without end
+    (``< f >> f``): a one-line error instead, as cat's "input file is output file". The input
+    is ``source``, else what stdin reads; the output ``output``, else what stdout writes to.
+    A link to it too; not /dev/stdin and /dev/stdout in a terminal, which is no file."""
     try:
-        read = os.stat(source) if source else os.fstat(sys.stdin.fileno())
-    except (OSError, ValueError, AttributeError):  # no such input (its own error); no stdin
+        read = os.stat(source) if source else os.fstat(0)
+        written = os.stat(output) if output else os.fstat(1)
+    except OSError:  # no such input (its own error), no output yet
         return
-    if stat.S_ISREG(read.st_mode) and os.path.samestat(read, os.stat(output)):
-        raise NMTError(f"--output {output} is the input file{'' if source else ' (stdin)'}: its "
-                       "text would be replaced by the translations; name another file")
+    if stat.S_ISREG(read.st_mode) and os.path.samestat(read, written):
+        where = f"--output {output}" if output else "stdout"
+        raise NMTError(f"{where} is the input file{'' if source else ' (stdin)'}: the "
+                       "translations would replace or extend the text they translate; write them "
+                       "to another file")
 
 
 def translate_chunk(translator, lines: list[str], first: int, args: argparse.Namespace) -> str:
