@@ -525,9 +525,9 @@ def test_output_naming_the_input_file_is_an_error_that_keeps_it(run, tmp_path, c
         (tmp_path / "sub").mkdir(exist_ok=True)
         assert main(["translate", "--checkpoint", str(run), "--input", str(source),
                      "--output", output]) == 1
-        assert capsys.readouterr().err == (f"error: --output {output} is the input file: its "
-                                           "text would be replaced by the translations; name "
-                                           "another file\n")
+        assert capsys.readouterr().err == (f"error: --output {output} is the input file: the "
+                                           "translations would replace or extend the text they "
+                                           "translate; write them to another file\n")
         assert source.read_text() == "haus\n"
 
 
