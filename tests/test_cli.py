@@ -811,8 +811,9 @@ def test_stdin_and_stdout_as_the_shell_left_them(run, tmp_path, options, redirec
     source.write_text("haus mann\n")
     fill = {"source": shlex.quote(str(source))}
     command = shlex.join([sys.executable, "-m", "nmt", "translate", "--checkpoint", str(run)])
-    done = subprocess.run(["bash", "-c", f"{command} {options.format(**fill)} {redirect.format(**fill)}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    # exec: a timeout kills the command itself, not only the shell (< f >> f looped for good)
+    shell = f"exec {command} {options.format(**fill)} {redirect.format(**fill)}"
+    done = subprocess.run(["bash", "-c", shell], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and done.stderr.startswith(f"error: {message.format(source=source)}")
     assert done.stderr.count("\n") == 1, done.stderr
     assert source.read_text() == "haus mann\n"
