@@ -114,9 +114,9 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
         if not _is_unicode(text):
             return Rejected(f"text {number} is not valid Unicode (a lone surrogate escape)")
     if type(beam) is not int or not 1 <= beam <= MAX_BEAM:  # bool is an int: excluded
-        return Rejected(f"'beam' must be an integer from 1 to {MAX_BEAM}, got {json.dumps(beam)}")
+        return Rejected(f"'beam' must be an integer from 1 to {MAX_BEAM}, got {quoted(beam)}")
     if not isinstance(attention, bool):
-        return Rejected(f"'attention' must be true or false, got {json.dumps(attention)}")
+        return Rejected(f"'attention' must be true or false, got {quoted(attention)}")
     if model not in models:
         return Rejected(f"unknown model {quoted(model)}; served: {', '.join(map(quoted, models))}")
     return Job(texts, beam, attention, model)
