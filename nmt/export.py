@@ -178,14 +178,14 @@ class CTranslate2Translator:
 
     Decoding follows ``nmt.search``: PAD and BOS are never emitted, each output is cut to its
     budget of ``max_len_ratio`` x source length + 5 pieces (CTranslate2 takes one maximum per
-    call, so the cut is applied afterwards and a cut output is scored anew with a forced EOS,
-    as ours: the texts are exact for greedy search), and beam hypotheses are ranked with the
+    call, so beam search runs once per budget, greedy search once with the longest; the cut
+    is applied afterwards and a cut output is scored anew with a forced EOS, as ours: the
+    texts are exact for greedy search), and beam hypotheses are ranked with the
     GNMT length penalty (CTranslate2's own is length ** alpha, so it runs with none and
     returns all K finished hypotheses with their raw log-probabilities). Its beam search
     differs from ours where a hypothesis meets the limit: ours ends it there, CTranslate2
     searches on past it, so hypotheses that ran past a line's own limit can end the same
-    once cut, and its n-best list then holds fewer than n texts (duplicates are dropped);
-    since the limit of a call is its longest line's, how many depends on the batch. An
+    once cut, and its n-best list then holds fewer than n texts (duplicates are dropped). An
     output that ended by itself keeps CTranslate2's log-probability, whose softmax leaves
     out the suppressed PAD and BOS (ours counts them): 0.0002 nats apart
     (median over test2016's beam-5 hypotheses of a 30-minute Transformer), far more for an
@@ -249,14 +249,28 @@ class CTranslate2Translator:
 
     def _search(self, sources: list[list[str]], budgets: list[int], beam_size: int,
                 need_attn: bool) -> list:
-        """CTranslate2's search: all K finished hypotheses, raw log-probabilities."""
-        return self.engine.translate_batch(
-            sources, max_batch_size=self.config.data.eval_max_tokens, batch_type="tokens",
-            beam_size=beam_size, num_hypotheses=beam_size, length_penalty=0.0,
-            suppress_sequences=NEVER_EMITTED, max_decoding_length=max(budgets),
-            max_input_length=0, min_decoding_length=0,  # EOS may come first, as in ours
-            return_scores=True, return_attention=need_attn,
-            return_end_token=True)  # with the EOS step's attention row, as ours
+        """CTranslate2's search: all K finished hypotheses, raw log-probabilities. It takes
+        one length limit per call, and a beam that may run past a sentence's own limit finds
+        other hypotheses, so the sentences of each budget are searched together, apart from
+        the others: a sentence's output does not depend on the lines beside it."""
+        found: list = [None] * len(sources)
+        if beam_size == 1:  # greedy search's path to a limit is the same whatever the limit
+            groups = [list(range(len(sources)))]
+        else:
+            groups = [[i for i, b in enumerate(budgets) if b == budget] for budget in set(budgets)]
+        for group in groups:
+            budget = max(budgets[i] for i in group)
+            results = self.engine.translate_batch(
+                [sources[i] for i in group], max_batch_size=self.config.data.eval_max_tokens,
+                batch_type="tokens", beam_size=beam_size, num_hypotheses=beam_size,
+                length_penalty=0.0, suppress_sequences=NEVER_EMITTED,
+                max_decoding_length=budget, max_input_length=0,
+                min_decoding_length=0,  # EOS may come first, as in ours
+                return_scores=True, return_attention=need_attn,
+                return_end_token=True)  # with the EOS step's attention row, as ours
+            for i, result in zip(group, results):
+                found[i] = result
+        return found
 
     def _budgets(self, sources: list[list[str]], ratio: float) -> list[int]:
         """Steps each sentence may take, EOS included, as ``search.max_output_lengths``."""

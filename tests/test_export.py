@@ -89,6 +89,19 @@ def test_beam_attention_belongs_to_each_sentence(run, exported, sources):
         torch.testing.assert_close(b.attention[0], attention_matrix(a.attention)[0], atol=1e-4, rtol=1e-3)
 
 
+def test_a_beam_output_does_not_depend_on_the_lines_beside_it(exported, sources):
+    """CTranslate2 takes one length limit per call: searched beside a longer line, a beam may
+    run past a sentence's own limit and find other hypotheses. Each sentence's n-best list is
+    the same decoded with all the others and decoded alone (the tiny model's hypotheses run to
+    their limits often)."""
+    translator = CTranslate2Translator(exported)
+    lines = sources[:24] + [" ".join(sources[:6])]  # and a long one, whose limit is the longest
+    together = translator.translate(lines, beam_size=3, nbest=3)
+    for line, found in zip(lines, together):
+        alone = translator.translate([line], beam_size=3, nbest=3)[0]
+        assert [h.text for h in found] == [h.text for h in alone], line
+
+
 def test_float32_log_probs_match_ours(run, exported, corpus):
     """Teacher-forced log-probabilities of the reference translations, token by token: the
     whole network (embeddings, positions, every layer, final norms, tied output layer)."""
