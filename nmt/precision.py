@@ -14,6 +14,7 @@ few rows of a decoding step, matmul timings do not predict it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -117,7 +118,13 @@ def _entries() -> dict:
 
 
 def _cached(key: str) -> dict | None:
-    return _entries().get(key)
+    """The timing cached under ``key``; None where there is none, or where the entry holds no
+    pair of positive seconds (a hand-edited or damaged cache: measured anew and replaced)."""
+    timing = _entries().get(key)
+    valid = isinstance(timing, dict) and all(
+        type(timing.get(name)) in (int, float) and 0 < timing[name] < math.inf
+        for name in ("fp32", "bf16"))
+    return timing if valid else None
 
 
 def _store(key: str, value: dict) -> None:

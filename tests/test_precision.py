@@ -1,5 +1,6 @@
 """precision: auto decides by measurement on CPU, and says why."""
 
+import json
 import random
 
 import pytest
@@ -87,6 +88,19 @@ def test_a_cache_that_is_no_json_object_is_measured_anew_and_replaced(cache, mon
     fake_timing(monkeypatch, 1.0, 0.5)
     cache.write_text(text)
     assert precision.choose_cpu_precision([(8, 8, 8)]).measured
+    assert not precision.choose_cpu_precision([(8, 8, 8)]).measured  # stored this time
+
+
+@pytest.mark.parametrize("entry", ["fast", None, {}, {"fp32": 1.0}, {"fp32": "1", "bf16": 0.5},
+                                   {"fp32": 1.0, "bf16": 0.0}, {"fp32": float("nan"), "bf16": 0.5}])
+def test_a_cache_entry_that_is_no_timing_is_measured_anew_and_replaced(cache, monkeypatch, entry):
+    """A hand-edited or damaged entry (this machine's key, no pair of positive seconds) is no
+    traceback and no choice made on it: the probe runs again and its timing replaces it."""
+    fake_timing(monkeypatch, 1.0, 0.5)
+    precision.choose_cpu_precision([(8, 8, 8)])
+    cache.write_text(json.dumps(dict.fromkeys(json.loads(cache.read_text()), entry)))
+    again = precision.choose_cpu_precision([(8, 8, 8)])
+    assert again.measured and again.precision == "bf16-mixed"
     assert not precision.choose_cpu_precision([(8, 8, 8)]).measured  # stored this time
 
 
