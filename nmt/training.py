@@ -31,6 +31,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 from nmt.average import final_weights
 from nmt.config import DECODING_PRECISIONS, Config, DecodingConfig, OptimConfig, run_dir_of, save_config
 from nmt.data.batching import Batch, TokenBatchSampler
+from nmt.data.corpus import local_sources
 from nmt.data.module import (
     PreparedData,
     TranslationDataModule,
@@ -346,6 +347,7 @@ def train(config: Config) -> Path:
     resume_from = check_resumable(config, run_dir)
     if resume_from is not None and nothing_to_train(config, resume_from):
         return run_dir
+    local_sources(config.data)  # a corpus that is missing: one line, before the Trainer's
     trainer = build_trainer(config, run_dir)  # Lightning checks its own options here
     check_launcher(trainer, config.trainer.strategy)
     data = prepare_data(config.data)

@@ -26,6 +26,7 @@ import sacrebleu
 import torch
 import yaml
 
+import nmt.trainer
 import nmt.translator
 from nmt.cli import main, parser
 from nmt.cli.decoding import input_chunks, open_input
@@ -875,6 +876,27 @@ def test_unknown_best_metric_is_one_line_error(corpus, tmp_path, capsys):
     assert main(args + ["trainer.best_metric=val_acc"]) != 0
     err = capsys.readouterr().err.strip()
     assert "unknown trainer.best_metric 'val_acc'" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("missing", ["files", "folder"])
+def test_a_missing_corpus_is_the_only_line_training_prints(corpus, tmp_path, capfd, monkeypatch,
+                                                          missing):
+    """Before the one-line error came the precision chosen and Lightning's GPU/TPU lines."""
+    monkeypatch.setattr(nmt.trainer, "_announced", set())  # as in a new process
+    folder, files = corpus
+    args = tiny_train_args(files, tmp_path / "r", folder / "data") + ["trainer.precision=auto"]
+    if missing == "files":
+        args += [f"data.train_files=[{tmp_path / 'gone.de'},{tmp_path / 'gone.en'}]"]
+        message = f"error: data.train_files: no such file: {tmp_path / 'gone.de'}"
+    else:
+        args = [a for a in args if not a.startswith(("data.train_files", "data.val_files",
+                                                     "data.test_files"))]
+        args += ["data.corpus=elsewhere"]
+        message = f"error: corpus 'elsewhere' not found: no {folder / 'data' / 'elsewhere'}/train.de"
+    assert main(args) == 1
+    out, err = capfd.readouterr()
+    assert out == "" and err.startswith(message) and len(err.splitlines()) == 1, (out, err)
+    assert not (tmp_path / "r").exists()
 
 
 def test_rerunning_a_finished_run_changes_nothing(corpus, run, tmp_path):

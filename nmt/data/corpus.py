@@ -73,11 +73,26 @@ def split_sources(cfg: DataConfig, needed: tuple[str, ...] = SPLITS) -> dict[str
     """Where each split comes from: named files, the local folder, or the Hub (loaded).
     Named files must exist for the ``needed`` splits (evaluating one split of a run needs
     its files alone, not the training corpus, which may be gone)."""
+    local = local_sources(cfg, needed)
+    return local if local is not None else _from_hub(cfg)
+
+
+def local_sources(cfg: DataConfig, needed: tuple[str, ...] = SPLITS) -> dict[str, Source] | None:
+    """The splits' files where the corpus is local (named files, or the local folder), None
+    where it is to come from the Hub; a one-line error where it is neither. Loads nothing,
+    so that training checks it before anything else is said."""
     if cfg.train_files or cfg.val_files or cfg.test_files:
         return _named_files(cfg, needed)
     if cfg.hub_dataset is None and (local := local_files(cfg)) is not None:
         return local
-    return _from_hub(cfg)
+    if hub_name(cfg) is None:
+        local = Path(cfg.data_dir) / cfg.corpus
+        raise NMTError(
+            f"corpus '{cfg.corpus}' not found: no {local}/train.{cfg.src_lang}[.gz] etc."
+            f"{_languages_there(local)} and no data.hub_dataset given; point "
+            "data.train_files/data.val_files at local files"
+        )
+    return None
 
 
 def read_pairs(source: Source, limit: int | None = None) -> Iterator[tuple[list[str], list[str]]]:
@@ -292,12 +307,6 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
     name = hub_name(cfg)
     local = Path(cfg.data_dir) / cfg.corpus
     pair = f"{cfg.src_lang}-{cfg.tgt_lang}"
-    if name is None:
-        raise NMTError(
-            f"corpus '{cfg.corpus}' not found: no {local}/train.{cfg.src_lang}[.gz] etc."
-            f"{_languages_there(local)} and no data.hub_dataset given; point "
-            "data.train_files/data.val_files at local files"
-        )
     try:
         hub = datasets.load_dataset(name, cfg.hub_config, streaming=cfg.hub_streaming)
     except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
