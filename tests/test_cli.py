@@ -7,6 +7,7 @@ import argparse
 import codecs
 import csv
 import gzip
+import io
 import json
 import os
 import re
@@ -1009,6 +1010,23 @@ def test_evaluating_a_split_needs_only_its_own_files(run, tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", str(moved), "--split", "train", "--beam", "1"]) == 1
     assert capsys.readouterr().err == f"error: data.train_files: no such file: {tmp_path / 'gone.de'}\n"
+
+
+def test_translations_go_to_stdout_in_utf8_whatever_its_encoding(run, tmp_path, monkeypatch):
+    """The input is read as UTF-8 and --output files are written in it; stdout in another
+    encoding (a latin-1 locale) was a UnicodeEncodeError traceback at the first output with a
+    character it lacks: SentencePiece's ⁇ for an unknown piece, or Czech ř."""
+    from nmt.data.tokenizer import Tokenizer
+
+    decode = Tokenizer.decode
+    monkeypatch.setattr(Tokenizer, "decode", lambda self, ids: ["ř ⁇ " + t for t in decode(self, ids)])
+    (tmp_path / "in.de").write_text("ein Hund\n", encoding="utf-8")
+    out = io.TextIOWrapper(io.BytesIO(), encoding="latin-1")
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["translate", "--checkpoint", str(run), "--input", str(tmp_path / "in.de"),
+                 "--beam", "1"]) == 0
+    written = out.buffer.getvalue().decode("utf-8")
+    assert written.startswith("ř ⁇ ") and written.count("\n") == 1
 
 
 def test_translate_reads_gzip_and_takes_a_dash_for_stdout(run, tmp_path, capsys, monkeypatch):
