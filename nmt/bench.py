@@ -30,7 +30,7 @@ from nmt.plots import save_lines
 from nmt.precision import autocast_dtype
 from nmt.search import max_output_lengths, restrict
 from nmt.trainer import benchmark_trainer, training_precision
-from nmt.training import TranslationModule
+from nmt.training import TranslationModule, check_training_config
 from nmt.translator import Translator
 
 
@@ -86,6 +86,7 @@ def significant(value: float, digits: int = 3) -> float:
 
 def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     """Tokens/s and FLOP utilisation of ``steps`` Lightning training steps after warm-up."""
+    check_training_config(config)  # the options nmt train refuses, refused here as there
     L.seed_everything(config.seed, verbose=False)
     data = prepare_data(config.data)
     model = build_model(config.model, len(data.tokenizer))

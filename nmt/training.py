@@ -306,6 +306,12 @@ def check_optim_config(optim: OptimConfig) -> None:
                        f"{optim.schedule}, got {optim.warmup_steps}")
 
 
+# The precisions training runs in, by Lightning's names (bf16 and 16 are its short names for
+# the mixed ones); its "true" half and double precisions are not among them: the loss, the
+# searches and the validation sums keep fp32 tensors beside the model's.
+TRAINING_PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16")
+
+
 def check_trainer_config(config: Config) -> None:
     """Budgets, validation cadence, early stopping and the metric that picks best.ckpt."""
     t = config.trainer
@@ -329,6 +335,9 @@ def check_trainer_config(config: Config) -> None:
     if t.keep_last_checkpoints < 0:
         raise NMTError(f"trainer.keep_last_checkpoints must be 0 (none) or more, got "
                        f"{t.keep_last_checkpoints}")
+    if t.precision not in TRAINING_PRECISIONS:  # Lightning takes more: 16-true, bf16-true, 64-true
+        raise NMTError(f"trainer.precision {t.precision}: nmt trains fp32 weights, with bf16 or "
+                       "fp16 matmuls at most; choose auto, 32-true, bf16-mixed or 16-mixed")
     if t.accumulate_grad_batches < 1:
         raise NMTError(f"trainer.accumulate_grad_batches must be at least 1, got "
                        f"{t.accumulate_grad_batches}")

@@ -84,6 +84,16 @@ def test_bench_train(tiny, capsys):
                                                              abs=0.002)
 
 
+def test_bench_train_refuses_what_training_refuses(tiny, capsys):
+    """A precision Lightning takes but training cannot run (bf16-true: a scatter of two dtypes
+    in the loss) was a traceback at the first step; now the one line nmt train gives."""
+    options, _ = tiny
+    capsys.readouterr()
+    assert main(["bench", "train", *options, "--steps", "3", "--trainer.precision", "bf16-true"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: trainer.precision bf16-true: ") and err.count("\n") == 1, err
+
+
 def test_bench_decode(tiny, capsys):
     _, run = tiny
     assert main(["bench", "decode", "--checkpoint", str(run), "--beam", "1,3",

@@ -236,6 +236,9 @@ def test_odd_sizes_and_booleans_for_sizes_are_refused_before_a_model_is_built(mo
     ("optim.label_smoothing=2", "optim.label_smoothing must be in [0, 1), got 2"),
     ("trainer.max_steps=0", "trainer.max_epochs and trainer.max_steps of 0 train nothing"),
     ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val must be 0 (off) or more, got -1"),
+    *((f"trainer.precision={p}", f"trainer.precision {p}: nmt trains fp32 weights, with bf16 or "
+       "fp16 matmuls at most; choose auto, 32-true, bf16-mixed or 16-mixed")
+      for p in ("bf16-true", "16-true", "64-true", "64")),  # Lightning's: a traceback at a step
 ])
 def test_a_bad_training_option_is_a_one_line_error_before_anything_is_written(
         tmp_path, capsys, option, message):
