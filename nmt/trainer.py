@@ -138,21 +138,6 @@ class _DropTip(logging.Filter):
 _DROP_TIP = _DropTip()
 
 
-class _DropFlopsLine(logging.Filter):
-    """Cuts the last line, "0 Total Flops", off Lightning's model summary: it counts a forward
-    pass of ``example_input_array``, which a module taking batches of every shape has not (the
-    FLOPs of a training step are ``nmt bench train``'s)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if message.endswith(" Total Flops"):
-            record.msg, record.args = message.rsplit("\n", 1)[0], ()
-        return True
-
-
-_DROP_FLOPS_LINE = _DropFlopsLine()
-
-
 def quiet_lightning_noise() -> None:
     """Silence, for the rest of the process, what Lightning prints to every user that none of
     them can act on, all false alarms here:
@@ -173,8 +158,7 @@ def quiet_lightning_noise() -> None:
       validation: the module steps that schedule at validations, not Lightning at epoch ends
       (``TranslationModule.step_plateau``);
     - the FutureWarning torch 2.13 raises at Lightning 2.6's own use of ``LeafSpec``;
-    - its tip to install a cloud logger;
-    - the model summary's "0 Total Flops".
+    - its tip to install a cloud logger.
 
     Warnings are filtered as Lightning's docs show, the tip on Lightning's rank-zero logger
     (adding the same filter twice keeps one)."""
@@ -188,7 +172,6 @@ def quiet_lightning_noise() -> None:
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DROP_TIP)
-    logging.getLogger("lightning.pytorch.callbacks.model_summary").addFilter(_DROP_FLOPS_LINE)
 
 
 def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
