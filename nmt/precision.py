@@ -119,11 +119,11 @@ def _entries() -> dict:
 
 def _cached(key: str) -> dict | None:
     """The timing cached under ``key``; None where there is none, or where the entry holds no
-    pair of positive seconds (a hand-edited or damaged cache: measured anew and replaced)."""
+    pair of positive seconds as ``_store`` writes them, floats (a hand-edited or damaged
+    cache: measured anew and replaced)."""
     timing = _entries().get(key)
     valid = isinstance(timing, dict) and all(
-        type(timing.get(name)) in (int, float) and 0 < timing[name] < math.inf
-        for name in ("fp32", "bf16"))
+        type(timing.get(name)) is float and 0 < timing[name] < math.inf for name in ("fp32", "bf16"))
     return timing if valid else None
 
 

@@ -356,7 +356,9 @@ def train(config: Config) -> Path:
     resume_from = check_resumable(config, run_dir)
     if resume_from is not None and nothing_to_train(config, resume_from):
         return run_dir
-    local_sources(config.data)  # a corpus that is missing: one line, before the Trainer's
+    # A local corpus that is missing: one line, before the Trainer's; a Hub corpus is looked
+    # up with the data, after Lightning has checked its options
+    local_sources(config.data)
     trainer = build_trainer(config, run_dir)  # Lightning checks its own options here
     check_launcher(trainer, config.trainer.strategy)
     data = prepare_data(config.data)

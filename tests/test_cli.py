@@ -1015,7 +1015,8 @@ def test_evaluating_a_split_needs_only_its_own_files(run, tmp_path, capsys):
 def test_translations_go_to_stdout_in_utf8_whatever_its_encoding(run, tmp_path, monkeypatch):
     """The input is read as UTF-8 and --output files are written in it; stdout in another
     encoding (a latin-1 locale) was a UnicodeEncodeError traceback at the first output with a
-    character it lacks: SentencePiece's ⁇ for an unknown piece, or Czech ř."""
+    character it lacks: SentencePiece's ⁇ for an unknown piece, or Czech ř (and so was every
+    command printing a path with one)."""
     from nmt.data.tokenizer import Tokenizer
 
     decode = Tokenizer.decode
@@ -1025,8 +1026,14 @@ def test_translations_go_to_stdout_in_utf8_whatever_its_encoding(run, tmp_path, 
     monkeypatch.setattr(sys, "stdout", out)
     assert main(["translate", "--checkpoint", str(run), "--input", str(tmp_path / "in.de"),
                  "--beam", "1"]) == 0
+    out.flush()
     written = out.buffer.getvalue().decode("utf-8")
     assert written.startswith("ř ⁇ ") and written.count("\n") == 1
+    text = io.StringIO()  # a stdout of text alone (Jupyter's, redirect_stdout's) takes it as text
+    monkeypatch.setattr(sys, "stdout", text)
+    assert main(["translate", "--checkpoint", str(run), "--input", str(tmp_path / "in.de"),
+                 "--beam", "1"]) == 0
+    assert text.getvalue() == written
 
 
 def test_translate_reads_gzip_and_takes_a_dash_for_stdout(run, tmp_path, capsys, monkeypatch):

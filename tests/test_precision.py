@@ -92,7 +92,8 @@ def test_a_cache_that_is_no_json_object_is_measured_anew_and_replaced(cache, mon
 
 
 @pytest.mark.parametrize("entry", ["fast", None, {}, {"fp32": 1.0}, {"fp32": "1", "bf16": 0.5},
-                                   {"fp32": 1.0, "bf16": 0.0}, {"fp32": float("nan"), "bf16": 0.5}])
+                                   {"fp32": 1.0, "bf16": 0.0}, {"fp32": float("nan"), "bf16": 0.5},
+                                   {"fp32": 10**400, "bf16": 0.5}, {"fp32": True, "bf16": 0.5}])
 def test_a_cache_entry_that_is_no_timing_is_measured_anew_and_replaced(cache, monkeypatch, entry):
     """A hand-edited or damaged entry (this machine's key, no pair of positive seconds) is no
     traceback and no choice made on it: the probe runs again and its timing replaces it."""

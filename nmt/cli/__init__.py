@@ -10,6 +10,7 @@ need when they run.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 
@@ -61,8 +62,17 @@ def hold_standard_fds() -> None:
             os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
 
 
+def utf8_stdout() -> None:
+    """stdout in UTF-8 whatever the locale, as inputs are read and files written (sacreBLEU's
+    rule too): in another encoding (a latin-1 locale) a translation or a printed path with a
+    character it lacks was a UnicodeEncodeError traceback, after the work was done."""
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.encoding.lower() != "utf-8":
+        sys.stdout.reconfigure(encoding="utf-8", errors=sys.stdout.errors)
+
+
 def main(argv: list[str] | None = None) -> int:
     hold_standard_fds()
+    utf8_stdout()
     args, extra = parser().parse_known_args(argv)
     keep_freed_memory()
     try:

@@ -134,16 +134,13 @@ def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[l
 
 
 def write_stream(text: str, name: str = "stdout") -> None:
-    """Write to ``sys.stdout`` (or ``sys.stderr``) in UTF-8, as the input is read and files
-    are written whatever the locale (sacreBLEU's rule too: in another encoding a text that
-    had a character it lacks was an error), and flush at once, so that a program reading our
-    output sees each chunk when it is done. A reader that has gone (``| head``) ends the
+    """Write to ``sys.stdout`` (or ``sys.stderr``) and flush at once, so that a program reading
+    our output sees each chunk when it is done. A reader that has gone (``| head``) ends the
     command quietly, as Unix tools do on SIGPIPE."""
     stream = getattr(sys, name)
     try:
-        stream.flush()  # what was written as text goes first
-        stream.buffer.write(text.encode("utf-8"))
-        stream.buffer.flush()
+        stream.write(text)
+        stream.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # no error at exit's flush
         raise SystemExit(128 + signal.SIGPIPE) from None
