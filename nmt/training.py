@@ -86,6 +86,11 @@ class TranslationModule(L.LightningModule):
         self.segments: list[dict] = []
         self._fit_start = time.perf_counter()
         self._epoch_tokens, self._epoch_seconds = 0, 0.0
+        # Whether the last batch took no optimizer step: its gradients wait for the rest of
+        # its group of trainer.accumulate_grad_batches batches (see _pending_gradients).
+        self._gradients_pending = False
+        self._steps_before_batch = 0
+        self._restored_gradients: list[torch.Tensor | None] | None = None
 
     def _loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean token loss over non-pad targets, and the number of such tokens."""
@@ -99,6 +104,11 @@ class TranslationModule(L.LightningModule):
         self._fit_start = time.perf_counter()
 
     def on_train_start(self) -> None:
+        # A resumed group's next batch adds to its saved sums (Lightning zeroes gradients at a
+        # group's first batch, and once before training starts: they are put back after that).
+        for param, grad in zip(self.parameters(), self._restored_gradients or []):
+            param.grad = None if grad is None else grad.to(param.device)
+        self._restored_gradients = None
         # Here, not in on_fit_start: the resumed global step and segments are restored by now.
         self.segments.append({
             "from_step": self.global_step, "code": code_commit(), "device": device_name(),
@@ -116,6 +126,7 @@ class TranslationModule(L.LightningModule):
         # behind from a checkpoint written inside an epoch (its restart compensation skips that
         # case), which labelled a resumed run's metrics.csv rows one update early.
         self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.global_step
+        self._steps_before_batch = self.global_step
         self._step_start = time.perf_counter()
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
@@ -127,6 +138,7 @@ class TranslationModule(L.LightningModule):
 
     def on_train_batch_end(self, outputs, batch: Batch, batch_idx: int) -> None:
         self._epoch_seconds += time.perf_counter() - self._step_start  # forward..optimizer step
+        self._gradients_pending = self.global_step == self._steps_before_batch
 
     def on_train_epoch_end(self) -> None:
         tokens = self._epoch_tokens_of_all_processes()
@@ -160,12 +172,29 @@ class TranslationModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["nmt_totals"] = self.run_totals()
         checkpoint["nmt_segments"] = self.segments
+        if self._gradients_pending:
+            checkpoint["nmt_pending_gradients"] = self._pending_gradients()
+
+    def _pending_gradients(self) -> list[torch.Tensor | None]:
+        """The gradients summed so far in an accumulation group that a checkpoint interrupts
+        (a validation or a time budget inside it), for a resumed run to go on summing into:
+        Lightning keeps none, so its group ended short and every later weight moved. Under DDP
+        each process holds its own sum until the group's step averages them; that step is
+        linear in them, so processes that all resume from their mean step alike."""
+        grads = [None if p.grad is None else p.grad.detach().clone() for p in self.parameters()]
+        if self.trainer.world_size > 1:
+            for grad in grads:
+                if grad is not None:
+                    torch.distributed.all_reduce(grad)  # every process saves: a collective
+                    grad /= self.trainer.world_size
+        return grads
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.totals = dict(checkpoint.get("nmt_totals", self.totals))
         # A checkpoint from before segments were kept: what trained it is unknown, not absent.
         unknown = {"from_step": 0, "code": None, "device": None, "precision": None, "started": None}
         self.segments = list(checkpoint.get("nmt_segments", [unknown]))
+        self._restored_gradients = checkpoint.get("nmt_pending_gradients")
 
     def on_validation_epoch_start(self) -> None:
         self._val_hyps, self._val_idx = [], []

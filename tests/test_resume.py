@@ -183,6 +183,36 @@ def test_sigkill_after_a_mid_epoch_checkpoint(corpus, straight, tmp_path):
     assert_same_weights(tmp_path, straight)
 
 
+def test_a_checkpoint_inside_an_accumulation_group_resumes_to_the_same_weights(
+        corpus, tmp_path, monkeypatch):
+    """Groups of 2 batches, validations every 3: the first checkpoint is written after 3
+    batches, one step taken and the third batch's gradients summed, and the run is interrupted
+    there. The resumed run stepped on the group's second batch alone, and every later weight
+    moved; it now goes on from the saved sums and ends as the uninterrupted run."""
+    from nmt.training import TranslationModule
+
+    cadence = ["trainer.accumulate_grad_batches=2", "trainer.val_check_interval=3"]
+    straight_run, cut = tmp_path / "straight", tmp_path / "cut"
+    assert main(args(corpus, straight_run, *cadence)) == 0
+    start = TranslationModule.on_train_batch_start
+
+    def interrupted_at_the_fourth_batch(self, batch, batch_idx):
+        if self.current_epoch == 0 and batch_idx == 3:
+            raise KeyboardInterrupt
+        return start(self, batch, batch_idx)
+
+    monkeypatch.setattr(TranslationModule, "on_train_batch_start", interrupted_at_the_fourth_batch)
+    assert main(args(corpus, cut, *cadence)) == 130
+    monkeypatch.undo()
+    stopped = checkpoint(cut)
+    assert stopped["global_step"] == 1 and loader_position(stopped) == {"epoch": 0, "position": 3}
+    assert main(args(corpus, cut, *cadence)) == 0
+    resumed, straight = checkpoint(cut), checkpoint(straight_run)
+    assert resumed["global_step"] == straight["global_step"] == 4
+    for name, value in straight["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], value), name
+
+
 @pytest.mark.parametrize("signal_number,code,message", [
     (signal.SIGTERM, 1, "stopped by SIGTERM: the same command resumes the run"),
     (signal.SIGINT, 130, "interrupted"),
