@@ -36,7 +36,7 @@ RESUMABLE_CHANGES = {
 
 # Where the corpus files are: saved absolute, so a moved project names them elsewhere. The
 # training pairs are compared by their content instead (check_training_data).
-CORPUS_FILES = {"data.train_files", "data.val_files", "data.test_files"}
+CORPUS_FILES = {"data.train_files", "data.val_files", "data.test_files", "data.data_dir"}
 
 
 # Options named first where a run differs in several: another model family or language pair

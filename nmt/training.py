@@ -423,12 +423,14 @@ def train(config: Config) -> Path:
 
 
 def absolute_file_paths(config: Config) -> None:
-    """The corpus files a command names, as absolute paths: the run's config.yaml keeps them,
-    and evaluate, run from another folder, read other files of the same names there."""
+    """The corpus files a command names, and the folder of local corpora, as absolute paths:
+    the run's config.yaml keeps them, and evaluate, run from another folder, read other files
+    of the same names there (another data/multi30k: the wrong test set, under the right name)."""
     d = config.data
     for key in ("train_files", "val_files", "test_files"):
         if getattr(d, key):
             setattr(d, key, [str(Path(path).absolute()) for path in getattr(d, key)])
+    d.data_dir = str(Path(d.data_dir).absolute())
 
 
 def write_run_files(config: Config, run_dir: Path, data: PreparedData, new_run: bool) -> None:

@@ -997,6 +997,29 @@ def test_corpus_files_named_from_one_folder_are_the_runs_from_any_other(corpus, 
         pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=0.006)
 
 
+def test_evaluate_reads_the_runs_own_local_corpus_from_any_folder(tmp_path, monkeypatch):
+    """A run on a local corpus (data/<corpus>/, named relative to the project) evaluated from
+    another folder that has a data/<corpus>/ of its own: it scored against that folder's test
+    set, under the run's file names; now against the run's."""
+    for folder, sizes in (("project", (("train", 300), ("val", 40), ("test", 30))),
+                          ("elsewhere", (("train", 20), ("val", 5), ("test", 7)))):
+        corpus = tmp_path / folder / "data" / "tiny"
+        corpus.mkdir(parents=True)
+        for split, (src, tgt) in write_corpus(corpus, sizes).items():
+            stem = "test_2016_flickr" if split == "test" else split
+            os.rename(src, corpus / f"{stem}.de")
+            os.rename(tgt, corpus / f"{stem}.en")
+    monkeypatch.chdir(tmp_path / "project")
+    args = [a for a in tiny_train_args({s: ["x", "y"] for s in ("train", "val", "test")},
+                                       Path("run"), Path("data"))
+            if not a.startswith(("data.train_files", "data.val_files", "data.test_files"))]
+    assert main([*args, "data.corpus=tiny"]) == 0
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    run = tmp_path / "project" / "run"
+    assert main(["evaluate", "--checkpoint", str(run), "--split", "test", "--beam", "1"]) == 0
+    assert json.loads((run / "eval" / "test.beam1.json").read_text())["sentences"] == 30
+
+
 def test_evaluating_a_split_needs_only_its_own_files(run, tmp_path, capsys):
     """A run whose training corpus is gone still evaluates on its test files (it failed with
     "data.train_files: no such file"); the split whose files are gone is the one-line error."""
