@@ -173,30 +173,38 @@ TRAINING_DATA = "train_data.json"  # what a run trains on, as a resume compares 
 
 
 def training_data_record(data: PreparedData) -> dict:
-    """The training pairs of a prepared corpus: their number and a digest of both sides'
-    piece ids, in order: once per start, 7.5 ms for Multi30k and 0.5 s per GB of ids (sha1 at
-    1.9 GB/s on the 2-core AMD EPYC Zen 4)."""
+    """The training pairs of a prepared corpus, and its validation pairs (best.ckpt, early
+    stopping and the plateau schedule compare their scores): each split's number of pairs and
+    a digest of both sides' piece ids, in order: once per start, 7.5 ms for Multi30k's training
+    pairs and 0.5 s per GB of ids (sha1 at 1.9 GB/s on the 2-core AMD EPYC Zen 4)."""
+    return {**_pairs_record(data, "train"), "validation": _pairs_record(data, "val")}
+
+
+def _pairs_record(data: PreparedData, split: str) -> dict:
     digest = hashlib.sha1()
     for lang in (data.src_lang, data.tgt_lang):
-        side = load_side(data.folder, "train", lang)
+        side = load_side(data.folder, split, lang)
         digest.update(side.lengths.tobytes())
         digest.update(memoryview(side.ids))  # the mapped file, read page by page: no copy
     return {"pairs": len(side.lengths), "sha1": digest.hexdigest()}
 
 
 def record_training_data(run_dir: Path, data: PreparedData, new_run: bool) -> None:
-    """A run notes what it trains on, for ``check_training_data``: a new run (over the record
-    of an earlier start that left no checkpoint), and a run resumed from before the record
-    was kept, from then on (a record there was checked)."""
-    if new_run or not (run_dir / TRAINING_DATA).is_file():
-        write_atomic(run_dir / TRAINING_DATA, json.dumps(training_data_record(data)) + "\n")
+    """A run notes what it trains and validates on, for ``check_training_data``: a new run
+    (over the record of an earlier start that left no checkpoint), and a run resumed from
+    before the record (or its validation part) was kept, from then on (a record there was
+    checked)."""
+    path = run_dir / TRAINING_DATA
+    if new_run or not path.is_file() or "validation" not in json.loads(path.read_text()):
+        write_atomic(path, json.dumps(training_data_record(data)) + "\n")
 
 
 def check_training_data(run_dir: Path, data: PreparedData) -> None:
     """A resumed run continues on the batches an uninterrupted run would have seen only over
-    the training pairs it started with. Where its files changed since (pairs added, dropped,
-    edited or reordered, the pieces still the same), a one-line error; a run from before the
-    record was kept resumes unchecked, as it did (and is checked from then on)."""
+    the training pairs it started with, and compares its validations with the earlier ones
+    only on the same validation pairs. Where the files of either changed since (pairs added,
+    dropped, edited or reordered, the pieces still the same), a one-line error; a run from
+    before the record was kept resumes unchecked, as it did (and is checked from then on)."""
     try:
         before = json.loads((run_dir / TRAINING_DATA).read_text())
     except FileNotFoundError:
@@ -205,12 +213,24 @@ def check_training_data(run_dir: Path, data: PreparedData) -> None:
         raise NMTError(f"{run_dir / TRAINING_DATA} is damaged ({first_line(err)}): restore it, or "
                        "delete it to resume without comparing the training pairs") from None
     now = training_data_record(data)
-    if before != now:
-        pairs = before.get("pairs") if isinstance(before, dict) else None
-        then = f"{pairs:,}" if isinstance(pairs, int) else "?"  # the record may be hand-edited
+    before = before if isinstance(before, dict) else {}
+    if {key: before.get(key) for key in ("pairs", "sha1")} != {key: now[key] for key in ("pairs", "sha1")}:
         raise NMTError(f"{run_dir} was trained on other training pairs than the corpus gives now "
-                       f"({then} pairs then, {now['pairs']:,} now; its files changed since): "
-                       "cannot resume this run; restore the files, or choose another --run-dir")
+                       f"({_count(before)} pairs then, {now['pairs']:,} now; its files changed "
+                       "since): cannot resume this run; restore the files, or choose another --run-dir")
+    validation = before.get("validation", now["validation"])  # none in a record kept before
+    if validation != now["validation"]:
+        raise NMTError(f"{run_dir} was validated on other pairs than the corpus gives now "
+                       f"({_count(validation)} pairs then, {now['validation']['pairs']:,} now), "
+                       "and its best checkpoint and early stopping compare scores on them: "
+                       "cannot resume this run; restore the validation files, or choose "
+                       "another --run-dir")
+
+
+def _count(record) -> str:
+    """A record's number of pairs as a message gives it; "?" where it is none (hand-edited)."""
+    pairs = record.get("pairs") if isinstance(record, dict) else None
+    return f"{pairs:,}" if type(pairs) is int else "?"
 
 
 # What a new run writes into its directory before its first checkpoint (compare's cells:

@@ -434,6 +434,35 @@ def test_resume_after_the_training_pairs_changed_is_an_error(tmp_path, capsys):
     assert main(tiny_train_args(files, run2, tmp_path / "data") + ["trainer.max_steps=2"]) == 0
 
 
+def test_resume_with_other_validation_pairs_is_an_error(tmp_path, capsys):
+    """best.ckpt, early stopping and the plateau schedule compare a resumed run's validation
+    scores with the earlier ones: on other validation pairs (data.val_files given anew, or
+    their files edited) it trained on and compared them silently. Refused in one line; the
+    same pairs in another file resume; a record from before validation was noted resumes
+    and notes it."""
+    files = write_corpus(tmp_path)
+    run = tmp_path / "run"
+    base = tiny_train_args(files, run, tmp_path / "data")
+    assert main(base + ["trainer.max_steps=1"]) == 0
+    capsys.readouterr()
+    other = f"data.val_files=[{','.join(files['test'])}]"
+    assert main(base + ["trainer.max_steps=2", other]) == 1
+    err = capsys.readouterr().err.splitlines()  # after preparing the new corpus
+    assert err[-1].startswith(f"error: {run} was validated on other pairs than the corpus gives "
+                              "now (40 pairs then, 30 now)"), err
+    assert not any("Traceback" in line for line in err)
+    assert checkpoint(run)["global_step"] == 1
+    copies = [tmp_path / "copy.src", tmp_path / "copy.tgt"]
+    for source, copy in zip(files["val"], copies):
+        shutil.copy(source, copy)
+    assert main(base + ["trainer.max_steps=2", f"data.val_files=[{copies[0]},{copies[1]}]"]) == 0
+    record = json.loads((run / "train_data.json").read_text())
+    del record["validation"]  # as a run from before the validation pairs were noted
+    (run / "train_data.json").write_text(json.dumps(record))
+    assert main(base + ["trainer.max_steps=3"]) == 0
+    assert json.loads((run / "train_data.json").read_text())["validation"]["pairs"] == 40
+
+
 def test_a_moved_run_resumes_with_its_record_of_best_and_kept_checkpoints(corpus, tmp_path):
     """The validation BLEU never changes (lr 1e-12): best.ckpt stays the first validation's.
     Moved to another folder and resumed, the run keeps it (Lightning had dropped the record
