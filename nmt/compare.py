@@ -29,7 +29,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.config import ADDED_SINCE, load_config, to_dict
+from nmt.config import ADDED_SINCE, load_config, read_yaml, to_dict
 from nmt.errors import NMTError
 
 
@@ -85,7 +85,7 @@ def load_compare_config(path: str | None) -> CompareConfig:
     if not path:
         return OmegaConf.to_object(schema)
     try:
-        layer = OmegaConf.create(yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+        layer = OmegaConf.create(read_yaml(Path(path).read_text(encoding="utf-8")) or {})
         cfg = OmegaConf.to_object(OmegaConf.merge(schema, layer))
     except FileNotFoundError:
         raise NMTError(f"compare config not found: {path}") from None

@@ -8,6 +8,7 @@ depend on the family; the family's constructor checks them (see ``nmt.models``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,33 @@ class Config:
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
 
 
+class ConfigLoader(yaml.SafeLoader):
+    """YAML as a config means it: true and false are booleans, yes, no, on and off are words
+    (YAML 1.2; YAML 1.1 made ``src_lang: no``, Norwegian, the language "False"). A boolean
+    option still takes them: OmegaConf reads yes, no, on and off into one."""
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+ConfigLoader.add_implicit_resolver(_BOOL, re.compile("^(?:true|True|TRUE|false|False|FALSE)$"),
+                                   list("tTfF"))
+# The words YAML 1.1 reads as booleans, quoted in an override (OmegaConf parses those in 1.1)
+_YAML11_WORDS = re.compile("yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF")
+
+
+def read_yaml(text: str) -> Any:
+    """A config file's content (``ConfigLoader``'s YAML)."""
+    return yaml.load(text, Loader=ConfigLoader)
+
+
+def _words_kept(item: str) -> str:
+    """``key=no`` as ``key='no'``: a word, as in a config file."""
+    key, equals, value = item.partition("=")
+    return f"{key}='{value}'" if equals and _YAML11_WORDS.fullmatch(value) else item
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
     """Defaults <- YAML file <- ``key.sub=value`` overrides, type-checked; returns a ``Config``.
 
@@ -127,7 +155,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         if not path.is_file():
             raise NMTError(f"config file not found: {path}")
         try:
-            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            tree = read_yaml(path.read_text(encoding="utf-8")) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as err:
             raise NMTError(f"{path} is not valid YAML: {err}".splitlines()[0]) from None
         if not isinstance(tree, dict):
@@ -146,6 +174,7 @@ def overrides_layer(overrides: list[str]) -> DictConfig:
     """The ``key=value`` overrides as one config layer, in order (``optim.betas=[0.8,0.9]
     optim.betas.1=0.95`` edits the list just given); a value YAML cannot read (``[0.9``) is a
     one-line error naming its override."""
+    overrides = [_words_kept(item) for item in overrides]
     try:
         return OmegaConf.from_dotlist(overrides)
     except yaml.YAMLError:

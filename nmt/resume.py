@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from nmt.config import ADDED_SINCE, Config, to_dict
+from nmt.config import ADDED_SINCE, Config, read_yaml, to_dict
 from nmt.data.module import PreparedData
 from nmt.data.prepare import load_side
 from nmt.data.tokenizer import Tokenizer
@@ -67,7 +67,7 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
         refuse_to_overwrite(run_dir)
         return None
     try:
-        before = _flat(yaml.safe_load(saved.read_text()))
+        before = _flat(read_yaml(saved.read_text()))
     except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
         raise NMTError(f"{saved} is damaged: cannot resume this run; choose another --run-dir") from None
     check_loadable(last)

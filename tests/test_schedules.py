@@ -173,6 +173,20 @@ def test_overrides_apply_in_order_as_one_layer():
     assert config.optim.betas == [0.8, 0.95]
 
 
+def test_no_is_a_word_and_a_boolean_option_still_takes_it(tmp_path):
+    """YAML 1.1 read Norwegian's language code no as False, and the corpus was prepared as
+    multi30k.False-en, in a config file and in an override alike; a boolean option, typed or
+    in the free-form model section, reads yes/no/on/off as before."""
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("data:\n  src_lang: no\ntrainer:\n  tensorboard: yes\n")
+    from_file = load_config(config_file)
+    assert from_file.data.src_lang == "no" and from_file.trainer.tensorboard is True
+    config = load_config("configs/transformer.yaml", ["data.tgt_lang=no", "model.pre_norm=off",
+                                                      "trainer.enable_progress_bar=No"])
+    assert config.data.tgt_lang == "no" and config.trainer.enable_progress_bar is False
+    assert check_model_config(config.model)[1]["pre_norm"] is False
+
+
 @pytest.mark.parametrize("given, duration, seconds", [
     ("00:30:00", "00:00:30:00", 1800),
     ("1:00:00", "00:01:00:00", 3600),  # was "00:1:00:00", which Lightning's Timer refused
