@@ -293,7 +293,7 @@ def reference_beam_search(model, src, src_mask, k, alpha, max_len_ratio, nbest, 
     best 2K candidates per step, the first K hypotheses to end kept; no shortcuts. With a
     margin, the beams more than it below the best continuing one are dropped."""
     encoded = model.encode(src, src_mask)
-    state = model.init_state(encoded)
+    state = select_rows(model.init_state(encoded), torch.zeros(k, dtype=torch.long))  # K rows
     max_len = int(max_output_lengths(src_mask, max_len_ratio, model.max_positions))
     beams = [([], 0.0)] + [([], float("-inf"))] * (k - 1)  # (tokens, log-prob)
     finished = []
@@ -303,7 +303,7 @@ def reference_beam_search(model, src, src_mask, k, alpha, max_len_ratio, nbest, 
         log_probs, state, _ = model.decode_step(prev, state, memory)
         restrict(log_probs, torch.full((len(beams),), step >= max_len - 1))
         total = torch.tensor([s for _, s in beams]).unsqueeze(1) + log_probs  # (K, V)
-        top, ids = total.view(-1).topk(2 * k)
+        top, ids = total.view(-1).topk(min(2 * k, total.numel()))  # a tiny vocabulary has fewer
         candidates = [(int(i) // total.size(1), int(i) % total.size(1), float(s))
                       for s, i in zip(top, ids)]
         for beam, token, score in candidates[:k]:
@@ -360,6 +360,19 @@ def test_beam_search_returns_what_the_plainest_beam_search_returns(seed, alpha, 
     b = reversal_batch(random.Random(seed), 8, max_len=10)
     batched = beam_search(model, b.src, b.src_mask, beam_size=4, alpha=alpha, nbest=nbest)
     _assert_same_as_reference(model, b, batched, alpha, nbest)
+
+
+@pytest.mark.parametrize("family,attention", [("rnn", "additive"), ("rnn", "general"),
+                                              ("transformer", "scaled_dot")])
+def test_beam_search_of_a_real_model_returns_what_the_plainest_beam_search_returns(
+        family, attention, random_batch):
+    """The same on the models themselves: the RNN's state is per row (the reference handed
+    its one-row state to K beams, and could not run one), the Transformer's a growing cache."""
+    model = _model(family, attention)
+    with torch.no_grad():
+        batched = beam_search(model, random_batch.src, random_batch.src_mask, beam_size=4,
+                              alpha=0.6, nbest=2)
+        _assert_same_as_reference(model, random_batch, batched, 0.6, 2)
 
 
 def _assert_same_as_reference(model, b, batched, alpha, nbest, margin=None):
