@@ -249,6 +249,19 @@ def record_in_parallel(jobs: list[tuple], workers: int) -> None:
         raise NMTError(f"{len(failed)} cells failed: {', '.join(failed)}")
 
 
+def check_replaceable(record: dict, record_dir: Path, preset: str, extra: list[str]) -> None:
+    """A record of other options is replaced where the preset changed (what a study's
+    records follow), not by another preset's cell of the same name, nor by a trial with
+    options given on the command line: a one-line error there, before anything trains."""
+    if record.get("preset", preset) != preset:
+        raise NMTError(f"{record_dir} holds preset {record['preset']}'s record of this cell, "
+                       f"which preset {preset} would replace: give each preset its own --out")
+    if extra:
+        raise NMTError(f"{record_dir} holds a record of this cell with other options, which "
+                       f"this run with {' '.join(extra)} would replace: give another --out "
+                       "for a trial")
+
+
 def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: list[str],
                 seeds: int | None = None, train: bool = True, workers: int = 1) -> list[dict]:
     """Train (if ``train``) and record every cell missing from ``out``, ``workers`` cells at a
@@ -264,10 +277,15 @@ def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: l
         config_file, overrides = cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra)
         key, resolved = cell_key(config_file, overrides)
         record_dir = out / "cells" / cell.name
-        if (record := read_record(record_dir)) is not None and record["key"] == key \
+        record = read_record(record_dir)
+        if record is not None and record["key"] == key \
                 and scored_as_asked(record, cfg) and pictured_as_asked(record, cfg):
             print(f"  {cell.name}: recorded already, reused", flush=True)
             continue
+        if record is not None and record["key"] != key:
+            check_replaceable(record, record_dir, preset, extra)
+            print(f"  {cell.name}: its record is of other options (key {record['key']}): "
+                  "replaced", flush=True)
         run_dir = runs / f"{cell.name}-{key}"
         if train or (run_dir / "train_stats.json").is_file():
             jobs.append((cfg, preset, cell, config_file, overrides, key, resolved, run_dir, record_dir))

@@ -11,6 +11,7 @@ tests). No weights.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import time
 from dataclasses import asdict
@@ -73,6 +74,12 @@ def read_hypotheses(folder: Path, sentences: int) -> list[str]:
     return hyps
 
 
+def references_digest(references: list[str]) -> str:
+    """sha1 of the test references a cell is scored on, one a line: the report pairs its
+    translations with the references only where they are still these."""
+    return hashlib.sha1("".join(line + "\n" for line in references).encode()).hexdigest()
+
+
 def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
                 record_dir: Path) -> dict:
     """Decode the test split (in fp32 on every machine, so that records compare), measure
@@ -88,6 +95,7 @@ def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
         "scores": {**score_corpus(hyps, references),
                    "bleu_lc": round(BLEU(lowercase=True).corpus_score(hyps, [references]).score, 2),
                    "beam": cfg.beam},
+        "references_sha1": references_digest(references),
         "train": json.loads((run_dir / "train_stats.json").read_text()),
         "decode_sent_per_s": round(len(sources) / seconds, 1),
         "weights": translator.checkpoint.name,  # best.ckpt, or averaged.ckpt where training chose it

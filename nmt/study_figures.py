@@ -33,6 +33,7 @@ def draw_head_size(rows: list[dict], path: Path) -> None:
     cells (one seed) and, at the configs' own d_k, the main group's cells (seed mean)."""
     swept = {r["attention"] for r in rows if r["group"] == "head_size"}
     if not swept:
+        path.unlink(missing_ok=True)  # an earlier table's picture, not this one's
         return
     main = rows[0]["group"]  # its base cells have the configs' own d_k
     points = [r for r in rows if r["family"] == "transformer" and r["attention"] in swept
@@ -63,6 +64,8 @@ def draw_cross(records: dict, cfg, line: int, path: Path) -> None:
         panels += [None] * ((-len(mine)) % columns)  # next family on a new row
     if any(panels):
         save_attention_grid(path, panels, columns=columns)
+    else:
+        path.unlink(missing_ok=True)  # an earlier table's cells' picture, not these cells'
 
 
 def draw_encoder(records: dict, line: int, path: Path) -> None:
@@ -80,3 +83,5 @@ def draw_encoder(records: dict, line: int, path: Path) -> None:
         panels.append((f"{cell.attention} mean", weights.mean(0), picture["source"], picture["source"]))
     if panels:
         save_attention_grid(path, panels, columns=heads + 1)
+    else:
+        path.unlink(missing_ok=True)  # an earlier table's cells' picture, not these cells'

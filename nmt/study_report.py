@@ -13,6 +13,8 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from sacrebleu.metrics import BLEU
@@ -22,8 +24,9 @@ from scipy.stats import ttest_rel
 from nmt.compare import Cell, CompareConfig, cell_key, cell_overrides, cells_of, scored_as_asked
 from nmt.config import load_config
 from nmt.data.corpus import load_corpus
+from nmt.errors import NMTError
 from nmt.files import write_atomic
-from nmt.study_cell import read_hypotheses, read_record
+from nmt.study_cell import read_hypotheses, read_record, references_digest
 from nmt.study_cost import cost_markdown
 from nmt.study_figures import draw_figures
 
@@ -55,17 +58,49 @@ def paired_bootstrap(baseline: list[str], systems: dict[str, list[str]], refs: l
     return {name: r.p_value for name, r in zip(results["System"][1:], results["BLEU"][1:])}
 
 
-def bootstrap_p_values(cfg: CompareConfig, records: dict[Cell, dict], refs: list[str]) -> dict[Cell, float]:
-    """Each non-baseline cell against the baseline cell of its group, variant and seed."""
+def bootstrap_p_values(cfg: CompareConfig, records: dict[Cell, dict],
+                       references: Callable[[Cell, dict], list[str]]) -> dict[Cell, float]:
+    """Each non-baseline cell against the baseline cell of its group, variant and seed, on
+    the test references of that cell (``references``: a variant may test on other files)."""
     p_values = {}
     for base in [c for c in records if c.attention == cfg.baselines[c.family]]:
         same = (base.group, base.family, base.variant, base.seed)
         rivals = {c: r for c, r in records.items()
                   if c != base and (c.group, c.family, c.variant, c.seed) == same}
+        refs = references(base, records[base])
+        for cell, record in rivals.items():  # each rival scored on these references too
+            if references(cell, record) != refs:
+                raise NMTError(f"cells {base.name} and {cell.name} were tested on other "
+                               "references: their translations cannot be paired")
         found = paired_bootstrap(records[base]["hyps"], {c.name: r["hyps"] for c, r in rivals.items()},
                                  refs, cfg.bootstrap_samples)
         p_values.update({c: found[c.name] for c in rivals})
     return p_values
+
+
+def test_references(cfg: CompareConfig, preset: str, extra: list[str]
+                    ) -> Callable[[Cell, dict], list[str]]:
+    """A cell's test references, read from its own configuration's corpus (each corpus once),
+    checked against what its record was scored on: as many sentences, and where the record
+    notes them, the same (a test file changed since would pair translations with other
+    sentences' references)."""
+    corpora: dict[str, list[str]] = {}
+
+    def references(cell: Cell, record: dict) -> list[str]:
+        data = load_config(cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra)).data
+        name = json.dumps(asdict(data), sort_keys=True)
+        if name not in corpora:
+            corpora[name] = list(load_corpus(data, needed=("test",))["test"]["tgt"])
+        refs = corpora[name]
+        noted = record.get("references_sha1")
+        if len(refs) != record["scores"]["sentences"] or noted not in (None, references_digest(refs)):
+            raise NMTError(f"the test references of cell {cell.name} are not those it was scored "
+                           f"on ({record['scores']['sentences']} sentences then, {len(refs)} now): "
+                           "restore the test files, or delete the cell's folder and compare "
+                           "records it again")
+        return refs
+
+    return references
 
 
 def _mean(values: list[float], digits: int = 2) -> float | None:
@@ -87,13 +122,16 @@ def summarise(cfg: CompareConfig, records: dict[Cell, dict], p_boot: dict[Cell, 
         model = next(iter(mine.values()))["config"]["model"]
         row = {
             "group": group, "family": family, "attention": attention, "variant": variant,
-            "d_k": model["d_model"] // model["heads"] if family == "transformer" else model["hidden_size"],
+            "d_k": model["d_model"] // model["heads"] if model["family"] == "transformer"
+            else model["hidden_size"],
             "seeds": len(bleus), "bleu": _mean(bleus),
             "bleu_std": round(statistics.stdev(bleus), 2) if len(bleus) > 1 else None,
             "chrf": _mean([r["scores"]["chrf"] for r in mine.values()]),
             "is_baseline": attention == cfg.baselines[family],
-            "p_boot": [round(p_boot[c], 4) for c in sorted(p_boot, key=lambda c: c.seed) if
-                       (c.group, c.family, c.attention, c.variant) == (group, family, attention, variant)],
+            # one a seed, in the seeds' order; None for a seed without its baseline cell
+            "p_boot": [] if attention == cfg.baselines[family] else
+            [round(p_boot[c], 4) if c in p_boot else None
+             for c in sorted(mine_cells(records, group, family, attention, variant), key=lambda c: c.seed)],
             "p_seeds": seed_test(mine, base, attention == cfg.baselines[family]),
             "parameters": next(iter(mine.values()))["train"]["parameters"],
             "steps": next(iter(mine.values()))["train"]["steps"],
@@ -106,6 +144,13 @@ def summarise(cfg: CompareConfig, records: dict[Cell, dict], p_boot: dict[Cell, 
                     row[f"{kind}_{stat}"] = _mean(values, 3)
         rows.append(row)
     return rows
+
+
+def mine_cells(records: dict[Cell, dict], group: str, family: str, attention: str,
+               variant: str) -> list[Cell]:
+    """The recorded cells of one row: its seeds."""
+    return [c for c in records if (c.group, c.family, c.attention, c.variant)
+            == (group, family, attention, variant)]
 
 
 def seed_test(mine: dict[int, dict], base: dict[int, dict], is_baseline: bool) -> float | None:
@@ -135,7 +180,7 @@ def _cell_text(row: dict, key: str) -> str:
     if key in ("p_boot", "p_seeds") and row["is_baseline"]:
         return "baseline"
     if key == "p_boot":
-        return " / ".join(str(p) for p in value) or "-"
+        return " / ".join("-" if p is None else str(p) for p in value) or "-"
     return "-" if value is None else str(value)
 
 
@@ -194,10 +239,8 @@ def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | 
         print("no recorded cells yet: nothing to table", flush=True)
         return []
     first = next(iter(records.values()))
-    data = load_config(cfg.families[next(iter(records)).family],
-                       cell_overrides(cfg, preset, next(iter(records)), extra or [])).data
-    refs = list(load_corpus(data, needed=("test",))["test"]["tgt"])
-    rows = summarise(cfg, records, bootstrap_p_values(cfg, records, refs))
+    p_boot = bootstrap_p_values(cfg, records, test_references(cfg, preset, extra or []))
+    rows = summarise(cfg, records, p_boot)
     table = markdown(rows, first["scores"]["bleu_signature"])
     if (out / "cost.json").is_file():
         table += "\n" + cost_markdown(json.loads((out / "cost.json").read_text()), rows)

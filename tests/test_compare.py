@@ -129,6 +129,86 @@ def test_significance_is_sacrebleus_bootstrap_and_a_paired_t_test(study):
     assert row["p_seeds"] == expected
 
 
+def test_each_cell_is_paired_on_its_own_test_references(study, tmp_path):
+    """A variant testing on other files (30 validation pairs): its cells' bootstrap ran
+    against the first cell's references (test2016's), a wrong p-value and no word of it."""
+    run, out, files, folder = study
+    refs = [line.rstrip("\n") for line in open(files["val"][1], encoding="utf-8")][:30]
+    other = [tmp_path / "v30.src", tmp_path / "v30.tgt"]
+    for path, source in zip(other, files["val"]):
+        path.write_text("".join(open(source, encoding="utf-8").readlines()[:30]), encoding="utf-8")
+    config = yaml.safe_load((folder / "compare.yaml").read_text())
+    config["presets"]["v"] = {"overrides": config["presets"]["a"]["overrides"], "groups": {
+        "main": {"attentions": {"rnn": ["additive", "dot"]},
+                 "variants": {"base": {}, "onval": {"all": [f"data.test_files=[{other[0]},{other[1]}]"]}}}}}
+    changed = tmp_path / "compare.yaml"
+    changed.write_text(yaml.safe_dump(config))
+    assert main(["compare", "--config", str(changed), "--preset", "v", "--out", str(tmp_path / "v"),
+                 "--runs", str(tmp_path / "runs")]) == 0
+    cells = tmp_path / "v" / "cells"
+    hyps = {name: (cells / f"rnn_{name}_onval_seed1" / "hyps.txt").read_text().split("\n")[:-1]
+            for name in ("additive", "dot")}
+    test = PairedTest([("base", hyps["additive"]), ("dot", hyps["dot"])], {"BLEU": BLEU()},
+                      [refs], test_type="bs", n_samples=200)
+    row = read_rows(tmp_path / "v")[("main", "rnn", "dot", "onval")]
+    assert row["p_boot"] == [round(test()[1]["BLEU"][1].p_value, 4)]
+
+
+def test_a_seed_without_its_baseline_has_no_p_value_and_the_others_keep_theirs(study, tmp_path):
+    """With seed 1's baseline cell gone, seed 2's p-value was listed first, as seed 1's."""
+    run, out, files, folder = study
+    shutil.copytree(out / "a", tmp_path / "a", ignore=shutil.ignore_patterns("figures"))
+    seed2 = read_rows(tmp_path / "a")[("main", "rnn", "dot", "base")]["p_boot"][1]
+    shutil.rmtree(tmp_path / "a" / "cells" / "rnn_additive_seed1")
+    assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", "a", "--out",
+                 str(tmp_path / "a"), "--runs", str(tmp_path / "none"), "--tables-only"]) == 0
+    assert read_rows(tmp_path / "a")[("main", "rnn", "dot", "base")]["p_boot"] == [None, seed2]
+    assert "| - / " + str(seed2) + " |" in (tmp_path / "a" / "compare.md").read_text()
+
+
+@pytest.mark.parametrize("change", ["a line added", "a line edited"])
+def test_references_changed_since_a_cell_was_scored_are_a_one_line_error(study, tmp_path, capsys,
+                                                                         change):
+    """A test file that gained a line paired each translation with the next one's reference
+    (sacreBLEU pairs the shorter list); one edited in place, with another sentence."""
+    run, out, files, folder = study
+    shutil.copytree(out / "a", tmp_path / "a", ignore=shutil.ignore_patterns("figures"))
+    kept = {path: open(path, encoding="utf-8").read() for path in files["test"]}
+    try:
+        for path, text in kept.items():  # both sides: a corpus whose sides differ is refused
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("ein neuer satz\n" + text if change == "a line added"
+                        else "x\n" + text.split("\n", 1)[1])
+        capsys.readouterr()
+        assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", "a", "--out",
+                     str(tmp_path / "a"), "--runs", str(tmp_path / "none"), "--tables-only"]) == 1
+    finally:
+        for path, text in kept.items():
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+    err = capsys.readouterr().err
+    then = "30 sentences then, 31 now" if change == "a line added" else "30 sentences then, 30 now"
+    assert f"are not those it was scored on ({then})" in err and err.count("\n") == 1, err
+
+
+def test_a_record_is_not_replaced_by_another_presets_cell_or_a_trial(study, tmp_path, capsys):
+    """Records are named by cell, not key: preset b's rnn_additive_seed1 in a's --out, or a run
+    with an option given on the command line, replaced the study's record without a word."""
+    run, out, files, folder = study
+    shutil.copytree(out / "a", tmp_path / "a", ignore=shutil.ignore_patterns("figures"))
+    before = (tmp_path / "a" / "cells" / "rnn_additive_seed1" / "record.json").read_text()
+    for preset, more, message in (
+            ("b", [], "holds preset a's record of this cell, which preset b would replace"),
+            ("a", ["--optim.lr", "0.002"], "this run with optim.lr=0.002 would replace")):
+        capsys.readouterr()
+        assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", preset,
+                     "--out", str(tmp_path / "a"), "--runs", str(tmp_path / "runs"), *more]) == 1
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert (tmp_path / "a" / "cells" / "rnn_additive_seed1" / "record.json").read_text() == before
+    assert not (tmp_path / "runs").exists()  # refused before anything trained
+
+
 def test_cells_are_reused_only_when_their_configuration_matches(study, capsys):
     run, out, _, folder = study
     capsys.readouterr()
@@ -323,7 +403,8 @@ def test_two_groups_making_one_cell_name_are_an_error(study, tmp_path, capsys):
                                        "rnn_additive_seed1 twice\n")
 
 
-def test_cost_is_benched_with_the_command_lines_options_as_the_cells(study, monkeypatch, capsys):
+def test_cost_is_benched_with_the_command_lines_options_as_the_cells(study, monkeypatch, capsys,
+                                                                     tmp_path):
     """compare --cost OPTION: each scorer's training is benched with the option, as the cells
     it is tabled beside were trained (it was benched with the preset's options alone)."""
     from nmt import study_cost
@@ -338,14 +419,10 @@ def test_cost_is_benched_with_the_command_lines_options_as_the_cells(study, monk
         return dict.fromkeys(study_cost.TRAIN_KEYS, 1)
 
     monkeypatch.setattr(study_cost, "_bench", bench)
-    cost_file = out / "b" / "cost.json"
-    kept = cost_file.read_bytes() if cost_file.is_file() else None
-    try:
-        assert run("b", "--cost", "optim.lr=0.0009") == 0
-    finally:
-        cost_file.unlink(missing_ok=True)
-        if kept is not None:
-            cost_file.write_bytes(kept)
+    # its own --out: a trial's option would replace the study's records (refused)
+    assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", "b", "--out",
+                 str(tmp_path / "b"), "--runs", str(tmp_path / "runs"), "--cost",
+                 "optim.lr=0.0009"]) == 0
     trains = [arguments for arguments in calls if arguments[0] == "train"]
     assert trains and all("optim.lr=0.0009" in arguments for arguments in trains)
 
@@ -384,3 +461,19 @@ def test_the_committed_study_names_where_each_cell_ran_as_the_code_tables_it(mon
     records = current_records(load_compare_config(REPO / "configs" / "compare.yaml"), "study", study)
     assert len(records) == 48
     assert provenance_markdown(records) in (study / "compare.md").read_text()
+
+
+def test_a_family_is_known_by_its_model_not_its_label():
+    """A Transformer labelled "tf" in the compare config: its head size was read as an RNN's
+    hidden_size, a KeyError after every cell had trained."""
+    from types import SimpleNamespace
+
+    from nmt.compare import Cell
+    from nmt.study_report import summarise
+
+    record = {"scores": {"bleu": 30.0, "chrf": 50.0}, "attention_stats": {},
+              "config": {"model": {"family": "transformer", "d_model": 32, "heads": 2}},
+              "train": {"parameters": 1, "steps": 1}, "decode_sent_per_s": 1.0}
+    cfg = SimpleNamespace(baselines={"tf": "scaled_dot"})
+    [row] = summarise(cfg, {Cell("main", "tf", "scaled_dot", "base", 1): record}, {})
+    assert row["d_k"] == 16 and row["family"] == "tf"
