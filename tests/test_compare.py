@@ -477,3 +477,17 @@ def test_a_family_is_known_by_its_model_not_its_label():
     cfg = SimpleNamespace(baselines={"tf": "scaled_dot"})
     [row] = summarise(cfg, {Cell("main", "tf", "scaled_dot", "base", 1): record}, {})
     assert row["d_k"] == 16 and row["family"] == "tf"
+
+
+def test_a_figure_of_cells_no_longer_tabled_is_removed(study, tmp_path):
+    """Seed 1's cells gone, their cross-attention pictures stayed beside the new tables."""
+    _, out, _, folder = study
+    shutil.copytree(out / "a", tmp_path / "a")
+    assert (tmp_path / "a" / "figures" / "cross_test0001.png").is_file()
+    for cell in (tmp_path / "a" / "cells").glob("*_seed1"):
+        shutil.rmtree(cell)
+    assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", "a", "--out",
+                 str(tmp_path / "a"), "--runs", str(tmp_path / "none"), "--tables-only"]) == 0
+    figures = tmp_path / "a" / "figures"
+    assert (figures / "bleu.png").is_file() and not (figures / "cross_test0001.png").exists()
+    assert not (figures / "encoder_test0001.png").exists()
