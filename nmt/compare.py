@@ -150,9 +150,13 @@ def cell_overrides(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]
     """preset (all, family) <- variant (all, family) <- command line <- scorer and seed."""
     chosen = cfg.presets[preset]
     variant = chosen.groups[cell.group].variant_overrides()[cell.variant]
-    return [*chosen.overrides.get("all", []), *chosen.overrides.get(cell.family, []),
-            *variant.get("all", []), *variant.get(cell.family, []), *extra,
-            f"model.attention={cell.attention}", f"seed={cell.seed}"]
+    overrides = [*chosen.overrides.get("all", []), *chosen.overrides.get(cell.family, []),
+                 *variant.get("all", []), *variant.get(cell.family, []), *extra]
+    if any(item.partition("=")[0].strip() == "run_dir" for item in overrides):
+        # every cell would train into that one folder, over the others
+        raise NMTError("run_dir is each cell's own, <runs>/<cell>-<key>: name the folder that "
+                       "holds them with --runs")
+    return [*overrides, f"model.attention={cell.attention}", f"seed={cell.seed}"]
 
 
 # Options that cannot change a cell's record: naming and display, how the corpus is read (the

@@ -305,6 +305,18 @@ def test_options_training_would_refuse_are_refused_by_tables_only_too(study, cap
     assert (out / "a" / "compare.json").read_text() == before  # the tables stay as they were
 
 
+def test_a_run_dir_for_the_cells_is_refused(study, tmp_path, capsys):
+    """run_dir=DIR sent every cell into one folder: the first trained there, the next failed
+    ("no config.yaml in ..."), with --jobs they fought over it."""
+    run, out, _, folder = study
+    capsys.readouterr()
+    assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", "b", "--out",
+                 str(tmp_path / "b"), "--runs", str(tmp_path / "runs"), f"run_dir={tmp_path / 'x'}"]) == 1
+    err = capsys.readouterr().err
+    assert "run_dir is each cell's own" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "runs").exists()
+
+
 def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
     run, out, _, _ = study
     record = out / "a" / "cells" / "rnn_dot_seed1" / "record.json"
