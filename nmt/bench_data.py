@@ -30,7 +30,7 @@ from nmt.errors import NMTError
 from nmt.memory import peak_memory_mb, resident_memory_mb
 from nmt.models import build_model
 from nmt.trainer import benchmark_trainer
-from nmt.training import TranslationModule
+from nmt.training import TranslationModule, check_training_config
 
 
 def synthetic_corpus(folder: Path, pairs: int, join: int = 1, seed: int = 0) -> dict[str, list[str]]:
@@ -116,7 +116,7 @@ def _in_fresh_process(target, *args) -> dict:
     dies first (its error is on stderr) is a one-line error, not a wait without end."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    process = context.Process(target=target, args=(*args, results))
+    process = context.Process(target=_stage, args=(target, args, results))
     process.start()
     while True:
         try:
@@ -127,7 +127,17 @@ def _in_fresh_process(target, *args) -> dict:
                 raise NMTError(f"the {target.__name__.strip('_')} process failed "
                                f"(exit {process.exitcode}); its error is above") from None
     process.join()
+    if "error" in out:
+        raise NMTError(out["error"])
     return out
+
+
+def _stage(target, args: tuple, results) -> None:
+    """A stage in its process: its one-line error handed back as such (not a traceback)."""
+    try:
+        target(*args, results)
+    except NMTError as err:
+        results.put({"error": str(err)})
 
 
 def bench_data(pairs: int, config_file: str, folder: Path, steps: int = 5, join: int = 1,
@@ -141,6 +151,7 @@ def bench_data(pairs: int, config_file: str, folder: Path, steps: int = 5, join:
         f"data.val_files=[{','.join(files['val'])}]",
         f"data.data_dir={folder / 'data'}", "trainer.enable_progress_bar=false", *overrides,
     ])
+    check_training_config(config)  # what training refuses: now, not in a stage's process
     summary = {"bench": "data", "pairs": pairs, "join": join, "config": config_file,
                "generate_s": round(generated, 1)}
     summary.update(_in_fresh_process(_prepare_stage, config))

@@ -142,3 +142,28 @@ def test_a_bench_data_stage_that_dies_is_an_error_not_a_wait():
 
     with pytest.raises(NMTError, match=r"the dies process failed \(exit 3\)"):
         _in_fresh_process(_dies)
+
+
+def _refuses(results) -> None:
+    from nmt.errors import NMTError
+
+    raise NMTError("SentencePiece training failed: too few pieces")
+
+
+def test_a_bench_data_stage_that_refuses_is_its_one_line(capfd):
+    """A stage's own one-line error (SentencePiece refusing a vocabulary) came out as the
+    spawned process's traceback, then "the prepare_stage process failed"."""
+    from nmt.bench_data import _in_fresh_process
+    from nmt.errors import NMTError
+
+    with pytest.raises(NMTError, match="^SentencePiece training failed: too few pieces$"):
+        _in_fresh_process(_refuses)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_bench_data_refuses_what_training_refuses_before_its_stages(tmp_path, capsys):
+    assert main(["bench", "data", "--pairs", "50", "--steps", "1", "--dir", str(tmp_path / "b"),
+                 "model.bogus=1"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown model option 'bogus'" in err and err.count("\n") == 1, err
+
