@@ -30,7 +30,7 @@ from nmt.plots import save_lines
 from nmt.precision import autocast_dtype
 from nmt.search import max_output_lengths, restrict
 from nmt.trainer import benchmark_trainer, training_precision
-from nmt.training import TranslationModule, check_training_config
+from nmt.training import TranslationModule, check_batches_per_process, check_training_config
 from nmt.translator import Translator
 
 
@@ -67,13 +67,15 @@ class StepTimer(L.Callback):
         return time.perf_counter()
 
     def on_train_batch_start(self, trainer, module, batch: Batch, batch_idx: int) -> None:
+        self._steps_done = trainer.global_step  # this batch belongs to the next step
         self._start = self._clock(module)
 
     def on_train_batch_end(self, trainer, module, outputs, batch: Batch, batch_idx: int) -> None:
-        if trainer.global_step <= self.warmup:
+        if self._steps_done < self.warmup:
             return
         self.seconds += self._clock(module) - self._start
-        self.steps += 1
+        # with trainer.accumulate_grad_batches, a group's last batch takes the step
+        self.steps += trainer.global_step > self._steps_done
         self.tgt_tokens += int((batch.tgt_out != PAD).sum())
         self.src_tokens += int((batch.src != PAD).sum())
         self.flops += 3 * module.model.forward_flops(batch.src, batch.tgt_in)  # fwd + 2x bwd
@@ -95,6 +97,7 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     precision = training_precision(config)
     trainer = benchmark_trainer(config, warmup + steps, [timer], precision)
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
+    check_batches_per_process(datamodule, config, 1)  # none at all: as nmt train says it
     trainer.fit(module, datamodule=datamodule)
     device = trainer.strategy.root_device
     peak = matmul_peak_gflops(torch.float32, device)

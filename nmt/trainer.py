@@ -276,8 +276,8 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
 def benchmark_trainer(config: Config, max_steps: int, callbacks: list[L.Callback],
                       precision: PrecisionChoice | None = None) -> L.Trainer:
     """A Trainer for ``max_steps`` training steps on one device as ``nmt train`` runs them
-    (precision, gradient clipping), without validation, checkpoints, logs or progress bar:
-    what the benchmarks time. ``precision``: training's choice (``training_precision``),
+    (precision, gradient clipping and accumulation), without validation, checkpoints, logs
+    or progress bar: what the benchmarks time. ``precision``: training's choice (``training_precision``),
     where the caller has it already."""
     precision = precision or training_precision(config)
     flag, plugins = trainer_precision(precision, config.trainer.accelerator)
@@ -288,4 +288,5 @@ def benchmark_trainer(config: Config, max_steps: int, callbacks: list[L.Callback
             enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
             accelerator=config.trainer.accelerator, devices=1, precision=flag, plugins=plugins,
             gradient_clip_val=config.trainer.gradient_clip_val,
+            accumulate_grad_batches=config.trainer.accumulate_grad_batches,
         )

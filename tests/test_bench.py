@@ -84,14 +84,34 @@ def test_bench_train(tiny, capsys):
                                                              abs=0.002)
 
 
-def test_bench_train_refuses_what_training_refuses(tiny, capsys):
-    """A precision Lightning takes but training cannot run (bf16-true: a scatter of two dtypes
-    in the loss) was a traceback at the first step; now the one line nmt train gives."""
+@pytest.mark.parametrize("option, message", [
+    # a precision Lightning takes but training cannot run (a scatter of two dtypes in the loss)
+    ("trainer.precision=bf16-true", "error: trainer.precision bf16-true: "),
+    # every pair longer than max_len: a ZeroDivisionError
+    ("data.max_len=1", "error: no training pair is left to train on: "),
+])
+def test_bench_train_refuses_what_training_refuses(tiny, capsys, option, message):
+    """Each was a traceback; now the one line nmt train gives."""
     options, _ = tiny
     capsys.readouterr()
-    assert main(["bench", "train", *options, "--steps", "3", "--trainer.precision", "bf16-true"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("error: trainer.precision bf16-true: ") and err.count("\n") == 1, err
+    assert main(["bench", "train", *options, "--steps", "3", option]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith(message) and not any("Traceback" in line for line in err), err
+
+
+def test_bench_train_accumulates_as_training_does(tiny, capsys):
+    """trainer.accumulate_grad_batches=2 was ignored: the bench timed steps of one batch."""
+    options, _ = tiny
+    summaries = []
+    for accumulate in (1, 2):
+        capsys.readouterr()
+        assert main(["bench", "train", *options, "--steps", "2", "--warmup", "1",
+                     f"trainer.accumulate_grad_batches={accumulate}"]) == 0
+        summaries.append(last_json(capsys.readouterr().out))
+    one, two = summaries
+    assert one["steps"] == two["steps"] == 2
+    # two batches a step: about twice the tokens (batches differ in length)
+    assert 1.5 < two["tgt_tokens_per_step"] / one["tgt_tokens_per_step"] < 2.5
 
 
 def test_bench_decode(tiny, capsys):
