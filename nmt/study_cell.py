@@ -38,6 +38,11 @@ RECORD_FIELDS = {"cell": dict, "key": str, "config": dict, "scores": dict, "trai
                  "decode_sent_per_s": (int, float)}
 RECORD_KEYS = {"config": ("model",), "scores": ("bleu", "chrf", "sentences"),
                "train": ("parameters", "steps"), "provenance": ("precision", "code", "device")}
+# Of those, the values read as numbers, text or sections, and their types
+RECORD_VALUES = {("scores", "bleu"): (int, float), ("scores", "chrf"): (int, float),
+                 ("scores", "sentences"): int, ("scores", "bleu_signature"): str,
+                 ("config", "model"): dict, ("train", "parameters"): int, ("train", "steps"): int}
+PICTURE_KEYS = {"line", "cross", "source", "target"}  # what the figures draw from a picture
 
 
 def read_record(folder: Path) -> dict | None:
@@ -57,7 +62,18 @@ def read_record(folder: Path) -> dict | None:
         raise damaged
     if any(key not in record[field] for field, keys in RECORD_KEYS.items() for key in keys):
         raise damaged
+    if not _values_readable(record):
+        raise damaged
     return record
+
+
+def _values_readable(record: dict) -> bool:
+    """Whether the values the tables and figures read have the types they are read as."""
+    typed = all(isinstance(record[field].get(key), kind) and not isinstance(record[field][key], bool)
+                for (field, key), kind in RECORD_VALUES.items())
+    return (typed and "family" in record["config"]["model"]
+            and all(isinstance(p, dict) and PICTURE_KEYS <= p.keys() for p in record["pictures"])
+            and all(isinstance(stats, dict) for stats in record["attention_stats"].values()))
 
 
 def read_hypotheses(folder: Path, sentences: int) -> list[str]:

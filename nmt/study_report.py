@@ -231,6 +231,15 @@ def _short(commit: str | None) -> str:
     return commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")
 
 
+def cost_table(path: Path, rows: list[dict]) -> str:
+    """The cost table of ``compare --cost``'s file; a one-line error where it is not one."""
+    try:
+        return cost_markdown(json.loads(path.read_text(encoding="utf-8")), rows)
+    except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, or not its fields
+        raise NMTError(f"{path} is not compare --cost's measurement; delete it, and compare "
+                       "--cost measures again") from None
+
+
 def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | None = None,
                  seeds: int | None = None) -> list[dict]:
     """compare.{md,json,csv} and the figures of every recorded cell (see ``current_records``)."""
@@ -243,7 +252,7 @@ def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | 
     rows = summarise(cfg, records, p_boot)
     table = markdown(rows, first["scores"]["bleu_signature"])
     if (out / "cost.json").is_file():
-        table += "\n" + cost_markdown(json.loads((out / "cost.json").read_text()), rows)
+        table += "\n" + cost_table(out / "cost.json", rows)
     table += "\n" + provenance_markdown(records)
     write_atomic(out / "compare.md", table)
     write_atomic(out / "compare.json", json.dumps(rows, indent=1) + "\n")

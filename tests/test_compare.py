@@ -338,8 +338,22 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
         finally:
             path.write_bytes(kept)
 
-    refused(record, (b'{"key": ', b"[1, 2]", b"\xff\xfe", no_scores, no_train, no_bleu),
-            "is not a cell's record")
+    # values of the wrong type, where the tables and figures read them (tracebacks until now)
+    hand_edited = [json.dumps({**fields, **change}).encode() for change in (
+        {"pictures": [1]}, {"pictures": [{"line": 0}]}, {"attention_stats": {"cross": 5}},
+        {"config": {**fields["config"], "model": {}}},
+        {"scores": {**fields["scores"], "sentences": "30"}},
+        {"scores": {**fields["scores"], "bleu": "12"}},
+        {"scores": {**fields["scores"], "chrf": None}},  # its row averaged the other seed alone
+        {"scores": {k: v for k, v in fields["scores"].items() if k != "bleu_signature"}})]
+    refused(record, (b'{"key": ', b"[1, 2]", b"\xff\xfe", no_scores, no_train, no_bleu,
+                     *hand_edited), "is not a cell's record")
+    cost = out / "a" / "cost.json"
+    cost.write_text("{}")
+    try:
+        refused(cost, (b"{", b"{}", b"[]"), "is not compare --cost's measurement")
+    finally:
+        cost.unlink()
     hyps = record.parent / "hyps.txt"  # the significance tests pair its lines with the others'
     translations = hyps.read_bytes()
     refused(hyps, (translations[: translations.rindex(b"\n", 0, -1) + 1], b"\xff\xfe\n"),
