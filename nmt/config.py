@@ -130,6 +130,10 @@ ConfigLoader.add_implicit_resolver(_BOOL, re.compile("^(?:true|True|TRUE|false|F
                                    list("tTfF"))
 # The words YAML 1.1 reads as booleans, quoted in an override (OmegaConf parses those in 1.1)
 _YAML11_WORDS = re.compile("yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF")
+# What they still mean in the free-form model section, whose options are flags, sizes and
+# names (a typed boolean option takes them through OmegaConf): saved as true and false, as
+# runs saved them before the words were kept
+_MODEL_FLAGS = {"yes": True, "on": True, "no": False, "off": False}
 
 
 def read_yaml(text: str) -> Any:
@@ -165,9 +169,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
     try:
         layers.append(overrides_layer(list(overrides)))
         merged = OmegaConf.merge(schema, *layers)
-        return OmegaConf.to_object(merged)
+        config = OmegaConf.to_object(merged)
     except (OmegaConfBaseException, TypeError) as err:
         raise NMTError(f"bad config: {config_error(err)}") from None
+    config.model = {key: _MODEL_FLAGS.get(value.lower(), value) if isinstance(value, str) else value
+                    for key, value in config.model.items()}
+    return config
 
 
 def overrides_layer(overrides: list[str]) -> DictConfig:

@@ -185,6 +185,9 @@ def test_no_is_a_word_and_a_boolean_option_still_takes_it(tmp_path):
                                                       "trainer.enable_progress_bar=No"])
     assert config.data.tgt_lang == "no" and config.trainer.enable_progress_bar is False
     assert check_model_config(config.model)[1]["pre_norm"] is False
+    # the model section holds the flag itself, as runs saved it before: a run started with
+    # model.pre_norm=false resumes with =off (its config.yaml, and a study's keys, compare it)
+    assert config.model == load_config("configs/transformer.yaml", ["model.pre_norm=false"]).model
 
 
 @pytest.mark.parametrize("given, duration, seconds", [

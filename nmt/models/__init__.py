@@ -20,11 +20,6 @@ EVEN_OPTIONS = {"d_model": "the sinusoidal positions pair a sine with a cosine",
                 "hidden_size": "the encoder's two directions split it"}
 
 
-# The words a boolean option takes besides true and false (nmt.config.ConfigLoader keeps them
-# words: this free-form section reads them as OmegaConf reads the typed ones).
-BOOLEAN_WORDS = {"yes": True, "on": True, "no": False, "off": False}
-
-
 def check_model_config(model_cfg: dict[str, Any]) -> tuple[type[nn.Module], dict[str, Any]]:
     """The family's class and its keyword arguments, after checking names and types.
 
@@ -44,8 +39,6 @@ def check_model_config(model_cfg: dict[str, Any]) -> tuple[type[nn.Module], dict
         if key not in valid:
             raise NMTError(f"unknown model option '{key}' for {family}; valid: {', '.join(valid)}")
         expected = type(params[key].default)
-        if expected is bool and str(value).lower() in BOOLEAN_WORDS:  # as OmegaConf's bool options
-            value = kwargs[key] = BOOLEAN_WORDS[str(value).lower()]
         # isinstance(True, int) holds, so a boolean would pass for a size ("heads: true" -> 1).
         wrong_type = not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool)
         if wrong_type and not (expected is float and type(value) is int):
