@@ -253,17 +253,48 @@ def record_in_parallel(jobs: list[tuple], workers: int) -> None:
         raise NMTError(f"{len(failed)} cells failed: {', '.join(failed)}")
 
 
-def check_replaceable(record: dict, record_dir: Path, preset: str, extra: list[str]) -> None:
+def check_replaceable(cfg: CompareConfig, preset: str, cell: Cell, record: dict,
+                      record_dir: Path, extra: list[str]) -> None:
     """A record of other options is replaced where the preset changed (what a study's
-    records follow), not by another preset's cell of the same name, nor by a trial with
-    options given on the command line: a one-line error there, before anything trains."""
+    records follow), not by another preset's cell of the same name, nor by a trial: options
+    on the command line that make other cells than the preset's own, whose record it is.
+    A one-line error there, before anything trains."""
     if record.get("preset", preset) != preset:
         raise NMTError(f"{record_dir} holds preset {record['preset']}'s record of this cell, "
                        f"which preset {preset} would replace: give each preset its own --out")
-    if extra:
-        raise NMTError(f"{record_dir} holds a record of this cell with other options, which "
+    if extra and record["key"] == cell_key(cfg.families[cell.family],
+                                           cell_overrides(cfg, preset, cell, []))[0]:
+        raise NMTError(f"{record_dir} holds preset {preset}'s own record of this cell, which "
                        f"this run with {' '.join(extra)} would replace: give another --out "
                        "for a trial")
+
+
+def planned_jobs(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: list[str],
+                 seeds: int | None, train: bool) -> tuple[list[tuple], list[str]]:
+    """The cells to train (if ``train``) or decode (where their run exists), as
+    ``record_cell``'s arguments, and a line on each cell; a one-line error where one would
+    replace a record it must not (``check_replaceable``)."""
+    from nmt.study_cell import read_record
+
+    jobs, lines = [], []
+    for cell in cells_of(cfg, preset, seeds):
+        config_file, overrides = cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra)
+        key, resolved = cell_key(config_file, overrides)
+        record_dir = out / "cells" / cell.name
+        record = read_record(record_dir)
+        if record is not None and record["key"] == key \
+                and scored_as_asked(record, cfg) and pictured_as_asked(record, cfg):
+            lines.append(f"{cell.name}: recorded already, reused")
+            continue
+        run_dir = runs / f"{cell.name}-{key}"
+        if not (train or (run_dir / "train_stats.json").is_file()):
+            continue
+        if record is not None and record["key"] != key:
+            check_replaceable(cfg, preset, cell, record, record_dir, extra)
+            lines.append(f"{cell.name}: its record is of other options (key {record['key']}): "
+                         "replaced")
+        jobs.append((cfg, preset, cell, config_file, overrides, key, resolved, run_dir, record_dir))
+    return jobs, lines
 
 
 def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: list[str],
@@ -271,28 +302,13 @@ def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: l
     """Train (if ``train``) and record every cell missing from ``out``, ``workers`` cells at a
     time; rebuild the tables. Without ``train``, only cells already recorded (or trained) are
     tabled."""
-    from nmt.study_cell import read_record
     from nmt.study_report import write_report
 
-    cells = cells_of(cfg, preset, seeds)
-    print(f"{len(cells)} cells, preset {preset}, records in {out}, runs in {runs}", flush=True)
-    jobs = []
-    for cell in cells:
-        config_file, overrides = cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra)
-        key, resolved = cell_key(config_file, overrides)
-        record_dir = out / "cells" / cell.name
-        record = read_record(record_dir)
-        if record is not None and record["key"] == key \
-                and scored_as_asked(record, cfg) and pictured_as_asked(record, cfg):
-            print(f"  {cell.name}: recorded already, reused", flush=True)
-            continue
-        if record is not None and record["key"] != key:
-            check_replaceable(record, record_dir, preset, extra)
-            print(f"  {cell.name}: its record is of other options (key {record['key']}): "
-                  "replaced", flush=True)
-        run_dir = runs / f"{cell.name}-{key}"
-        if train or (run_dir / "train_stats.json").is_file():
-            jobs.append((cfg, preset, cell, config_file, overrides, key, resolved, run_dir, record_dir))
+    print(f"{len(cells_of(cfg, preset, seeds))} cells, preset {preset}, records in {out}, "
+          f"runs in {runs}", flush=True)
+    jobs, lines = planned_jobs(cfg, preset, out, runs, extra, seeds, train)
+    for line in lines:
+        print(f"  {line}", flush=True)
     if workers > 1 and len(jobs) > 1:
         record_in_parallel(jobs, workers)
     else:

@@ -207,6 +207,19 @@ def test_a_record_is_not_replaced_by_another_presets_cell_or_a_trial(study, tmp_
         assert message in err and err.count("\n") == 1, err
     assert (tmp_path / "a" / "cells" / "rnn_additive_seed1" / "record.json").read_text() == before
     assert not (tmp_path / "runs").exists()  # refused before anything trained
+    # Tables alone replace nothing: an option there is no trial to refuse
+    assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", "a", "--out",
+                 str(tmp_path / "a"), "--runs", str(tmp_path / "runs"), "--tables-only",
+                 "--optim.lr", "0.002"]) == 0
+    # A changed preset replaces its records, also with options that keep the preset's cells
+    changed = yaml.safe_load((folder / "compare.yaml").read_text())
+    changed["presets"]["a"]["overrides"]["rnn"] = [*TINY_RNN, "optim.lr=0.0011"]
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(changed))
+    capsys.readouterr()
+    assert main(["compare", "--config", str(tmp_path / "changed.yaml"), "--preset", "a", "--out",
+                 str(tmp_path / "a"), "--runs", str(tmp_path / "runs"), "--seeds", "1",
+                 "--max-epochs", "1"]) == 0
+    assert "rnn_additive_seed1: its record is of other options" in capsys.readouterr().out
 
 
 def test_cells_are_reused_only_when_their_configuration_matches(study, capsys):

@@ -74,8 +74,10 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> None:
     out = Path(args.out or f"study/{args.preset}")
     runs = Path(args.runs or f"checkpoints/study/{args.preset}")
     if args.cost:
+        from nmt.compare import planned_jobs
         from nmt.study_cost import measure_cost
 
+        planned_jobs(cfg, args.preset, out, runs, overrides, args.seeds, train=False)  # refusals first
         measure_cost(cfg, args.preset, out, extra=overrides)
     run_compare(cfg, args.preset, out, runs, overrides, seeds=args.seeds,
                 train=not (args.tables_only or args.cost), workers=args.jobs)
