@@ -30,7 +30,7 @@ from nmt.errors import NMTError
 from nmt.memory import peak_memory_mb, resident_memory_mb
 from nmt.models import build_model
 from nmt.trainer import benchmark_trainer
-from nmt.training import TranslationModule, check_training_config
+from nmt.training import TranslationModule, check_batches_per_process, check_training_config
 
 
 def synthetic_corpus(folder: Path, pairs: int, join: int = 1, seed: int = 0) -> dict[str, list[str]]:
@@ -68,13 +68,15 @@ def _prepare_stage(config: Config, results) -> None:
 
 
 class _FirstSteps(L.Callback):
-    """Wall-clock time of the first finished step, RSS and step rate after it."""
+    """Wall-clock time of the first finished optimizer step, RSS and step rate after it."""
 
     def __init__(self):
         self.first = self.last = None
         self.steps = 0
 
     def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.steps + (self.first is not None):
+            return  # inside a group of trainer.accumulate_grad_batches batches: no step yet
         now = time.time()
         if self.first is None:
             self.first = now
@@ -90,6 +92,7 @@ def _train_stage(config: Config, steps: int, spawned_at: float, results) -> None
     probe = _FirstSteps()
     trainer = benchmark_trainer(config, steps + 1, [probe])
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
+    check_batches_per_process(datamodule, config, 1)  # none at all: as nmt train says it
     trainer.fit(module, datamodule=datamodule)
     rss = resident_memory_mb()  # batches have flowed: the loader and the model are both in memory
     start = time.perf_counter()

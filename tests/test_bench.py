@@ -181,9 +181,13 @@ def test_a_bench_data_stage_that_refuses_is_its_one_line(capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
-def test_bench_data_refuses_what_training_refuses_before_its_stages(tmp_path, capsys):
+@pytest.mark.parametrize("option, message", [
+    ("model.bogus=1", "unknown model option 'bogus'"),  # before the stages
+    ("data.max_len=1", "no training pair is left to train on"),  # the train stage's own line
+])
+def test_bench_data_refuses_what_training_refuses(tmp_path, capfd, option, message):
     assert main(["bench", "data", "--pairs", "50", "--steps", "1", "--dir", str(tmp_path / "b"),
-                 "model.bogus=1"]) == 1
-    err = capsys.readouterr().err
-    assert "unknown model option 'bogus'" in err and err.count("\n") == 1, err
+                 option]) == 1
+    err = capfd.readouterr().err
+    assert message in err.splitlines()[-1] and "Traceback" not in err, err
 
