@@ -21,6 +21,11 @@ def draw_figures(cfg, records: dict, rows: list[dict], folder: Path) -> None:
     for line in cfg.plot_sentences:
         draw_cross(seed1, cfg, line, folder / f"cross_test{line + 1:04d}.png")
         draw_encoder(seed1, line, folder / f"encoder_test{line + 1:04d}.png")
+    pictured = {f"{kind}_test{line + 1:04d}.png" for line in cfg.plot_sentences
+                for kind in ("cross", "encoder")}
+    for path in [*folder.glob("cross_test*.png"), *folder.glob("encoder_test*.png")]:
+        if path.name not in pictured:  # a line no longer pictured: an earlier table's
+            path.unlink()
 
 
 def picture_of(record: dict, line: int) -> dict | None:
@@ -36,7 +41,8 @@ def draw_head_size(rows: list[dict], path: Path) -> None:
         path.unlink(missing_ok=True)  # an earlier table's picture, not this one's
         return
     main = rows[0]["group"]  # its base cells have the configs' own d_k
-    points = [r for r in rows if r["family"] == "transformer" and r["attention"] in swept
+    families = {r["family"] for r in rows if r["group"] == "head_size"}  # by their labels
+    points = [r for r in rows if r["family"] in families and r["attention"] in swept
               and (r["group"] == "head_size" or (r["group"], r["variant"]) == (main, "base"))]
     panels = []
     for key, label in (("bleu", "test BLEU"), ("cross_logit_std", "cross-attention logit std"),

@@ -93,11 +93,13 @@ def test_references(cfg: CompareConfig, preset: str, extra: list[str]
             corpora[name] = list(load_corpus(data, needed=("test",))["test"]["tgt"])
         refs = corpora[name]
         noted = record.get("references_sha1")
-        if len(refs) != record["scores"]["sentences"] or noted not in (None, references_digest(refs)):
+        then = record["scores"]["sentences"]
+        if len(refs) != then or noted not in (None, references_digest(refs)):
+            how = f"{then} sentences then, {len(refs)} now" if len(refs) != then else \
+                f"the same {then} sentences, other text"
             raise NMTError(f"the test references of cell {cell.name} are not those it was scored "
-                           f"on ({record['scores']['sentences']} sentences then, {len(refs)} now): "
-                           "restore the test files, or delete the cell's folder and compare "
-                           "records it again")
+                           f"on ({how}): restore the test files, or delete the cell's folder and "
+                           "compare records it again")
         return refs
 
     return references

@@ -187,7 +187,7 @@ def test_references_changed_since_a_cell_was_scored_are_a_one_line_error(study, 
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
     err = capsys.readouterr().err
-    then = "30 sentences then, 31 now" if change == "a line added" else "30 sentences then, 30 now"
+    then = "30 sentences then, 31 now" if change == "a line added" else "the same 30 sentences, other text"
     assert f"are not those it was scored on ({then})" in err and err.count("\n") == 1, err
 
 
@@ -530,3 +530,12 @@ def test_a_figure_of_cells_no_longer_tabled_is_removed(study, tmp_path):
     figures = tmp_path / "a" / "figures"
     assert (figures / "bleu.png").is_file() and not (figures / "cross_test0001.png").exists()
     assert not (figures / "encoder_test0001.png").exists()
+    # a line no longer pictured: its pictures go too
+    config = yaml.safe_load((folder / "compare.yaml").read_text())
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump({**config, "plot_sentences": [0]}))
+    shutil.rmtree(tmp_path / "a")
+    shutil.copytree(out / "a", tmp_path / "a")
+    assert (figures / "cross_test0002.png").is_file()
+    assert main(["compare", "--config", str(tmp_path / "one.yaml"), "--preset", "a", "--out",
+                 str(tmp_path / "a"), "--runs", str(tmp_path / "none"), "--tables-only"]) == 0
+    assert (figures / "cross_test0001.png").is_file() and not (figures / "cross_test0002.png").exists()
