@@ -22,6 +22,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
@@ -172,7 +173,11 @@ class TranslationModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["nmt_totals"] = self.run_totals()
         checkpoint["nmt_segments"] = self.segments
-        if self._gradients_pending:
+        # Each process a whole copy of the weights (one device, DDP itself): a sharded
+        # strategy's pieces (FSDP, DeepSpeed, a DDPStrategy too) are not to be averaged, and
+        # its group restarts empty on resume, as Lightning's
+        whole = self.trainer.world_size == 1 or type(self.trainer.strategy) is DDPStrategy
+        if self._gradients_pending and whole:
             checkpoint["nmt_pending_gradients"] = self._pending_gradients()
 
     def _pending_gradients(self) -> list[torch.Tensor | None]:
