@@ -71,9 +71,20 @@ def _values_readable(record: dict) -> bool:
     """Whether the values the tables and figures read have the types they are read as."""
     typed = all(isinstance(record[field].get(key), kind) and not isinstance(record[field][key], bool)
                 for (field, key), kind in RECORD_VALUES.items())
-    return (typed and "family" in record["config"]["model"]
-            and all(isinstance(p, dict) and PICTURE_KEYS <= p.keys() for p in record["pictures"])
-            and all(isinstance(stats, dict) for stats in record["attention_stats"].values()))
+    if not typed:
+        return False
+    model, provenance = record["config"]["model"], record["provenance"]
+    segments = record["train"].get("segments") or []
+    sizes = ("d_model", "heads") if model.get("family") == "transformer" else ("hidden_size",)
+    return (all(type(model.get(size)) is int and model[size] > 0 for size in sizes)
+            and all(isinstance(provenance[key], (str, type(None))) for key in RECORD_KEYS["provenance"])
+            and isinstance(segments, list) and all(isinstance(s, dict) and {"code", "from_step", "device"}
+                                                   <= s.keys() for s in segments)
+            and all(isinstance(p, dict) and PICTURE_KEYS <= p.keys() and isinstance(p["cross"], list)
+                    for p in record["pictures"])
+            and all(isinstance(stats, dict) and all(isinstance(v, (int, float, type(None)))
+                                                    for v in stats.values())
+                    for stats in record["attention_stats"].values()))
 
 
 def read_hypotheses(folder: Path, sentences: int) -> list[str]:

@@ -358,7 +358,12 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
         {"scores": {**fields["scores"], "sentences": "30"}},
         {"scores": {**fields["scores"], "bleu": "12"}},
         {"scores": {**fields["scores"], "chrf": None}},  # its row averaged the other seed alone
-        {"scores": {k: v for k, v in fields["scores"].items() if k != "bleu_signature"}})]
+        {"scores": {k: v for k, v in fields["scores"].items() if k != "bleu_signature"}},
+        {"provenance": {**fields["provenance"], "precision": 5}},
+        {"config": {**fields["config"], "model": {"family": "rnn"}}},
+        {"pictures": [{**fields["pictures"][0], "cross": "x"}]},
+        {"train": {**fields["train"], "segments": ["x"]}},
+        {"attention_stats": {"cross": {"entropy": "x"}}})]
     refused(record, (b'{"key": ', b"[1, 2]", b"\xff\xfe", no_scores, no_train, no_bleu,
                      *hand_edited), "is not a cell's record")
     cost = out / "a" / "cost.json"
