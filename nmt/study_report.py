@@ -133,7 +133,7 @@ def summarise(cfg: CompareConfig, records: dict[Cell, dict], p_boot: dict[Cell, 
             # one a seed, in the seeds' order; None for a seed without its baseline cell
             "p_boot": [] if attention == cfg.baselines[family] else
             [round(p_boot[c], 4) if c in p_boot else None
-             for c in sorted(mine_cells(records, group, family, attention, variant), key=lambda c: c.seed)],
+             for c in (Cell(group, family, attention, variant, seed) for seed in sorted(mine))],
             "p_seeds": seed_test(mine, base, attention == cfg.baselines[family]),
             "parameters": next(iter(mine.values()))["train"]["parameters"],
             "steps": next(iter(mine.values()))["train"]["steps"],
@@ -146,13 +146,6 @@ def summarise(cfg: CompareConfig, records: dict[Cell, dict], p_boot: dict[Cell, 
                     row[f"{kind}_{stat}"] = _mean(values, 3)
         rows.append(row)
     return rows
-
-
-def mine_cells(records: dict[Cell, dict], group: str, family: str, attention: str,
-               variant: str) -> list[Cell]:
-    """The recorded cells of one row: its seeds."""
-    return [c for c in records if (c.group, c.family, c.attention, c.variant)
-            == (group, family, attention, variant)]
 
 
 def seed_test(mine: dict[int, dict], base: dict[int, dict], is_baseline: bool) -> float | None:

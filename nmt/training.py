@@ -174,8 +174,8 @@ class TranslationModule(L.LightningModule):
         checkpoint["nmt_totals"] = self.run_totals()
         checkpoint["nmt_segments"] = self.segments
         # Each process a whole copy of the weights (one device, DDP itself): a sharded
-        # strategy's pieces (FSDP, DeepSpeed, a DDPStrategy too) are not to be averaged, and
-        # its group restarts empty on resume, as Lightning's
+        # strategy's pieces (FSDP; DeepSpeed, which subclasses DDPStrategy) are not to be
+        # averaged, and its group restarts empty on resume, as Lightning's does
         whole = self.trainer.world_size == 1 or type(self.trainer.strategy) is DDPStrategy
         if self._gradients_pending and whole:
             checkpoint["nmt_pending_gradients"] = self._pending_gradients()
