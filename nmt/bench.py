@@ -37,8 +37,9 @@ from nmt.translator import Translator
 def matmul_peak_gflops(dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                        n: int | None = None, repeats: int = 10) -> float:
     """Achieved GFLOP/s of an n x n matmul in ``dtype``: the reference for utilisation. By
-    default n = 2048 on a CPU and 8192 on a GPU, which a 2048 product leaves partly idle."""
-    n = n or (8192 if torch.device(device).type == "cuda" else 2048)
+    default n = 8192 on a GPU, which a 2048 product leaves partly idle, and on a CPU
+    ``cpu_peak_size``: 2048 for the types it has kernels for."""
+    n = n or (8192 if torch.device(device).type == "cuda" else cpu_peak_size(dtype))
     a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     a @ b  # warm-up
     sync = torch.cuda.synchronize if a.is_cuda else lambda: None
@@ -48,6 +49,23 @@ def matmul_peak_gflops(dtype: torch.dtype = torch.float32, device: torch.device 
         a @ b
     sync()
     return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
+
+
+def cpu_peak_size(dtype: torch.dtype, largest: int = 2048, budget_s: float = 0.5) -> int:
+    """The product size the CPU's peak is measured at: ``largest``, or, for a type the CPU
+    multiplies slowly (fp16 without fp16 kernels: 1-3 GFLOP/s on an AMD EPYC Zen 5, minutes
+    for ten 2048 products), the size whose product takes about ``budget_s``: doubling from
+    256 while the next size (8x the work) would stay within it."""
+    n = 256
+    while n < largest:
+        a = torch.randn(n, n).to(dtype)
+        a @ a  # kernels warmed up
+        start = time.perf_counter()
+        a @ a
+        if 8 * (time.perf_counter() - start) > budget_s:
+            break
+        n *= 2
+    return n
 
 
 class StepTimer(L.Callback):

@@ -114,6 +114,17 @@ def test_bench_train_accumulates_as_training_does(tiny, capsys):
     assert 1.5 < two["tgt_tokens_per_step"] / one["tgt_tokens_per_step"] < 2.5
 
 
+def test_the_cpu_peak_is_measured_at_2048_unless_a_product_would_take_long(monkeypatch):
+    """fp16 on a CPU without fp16 kernels (1-3 GFLOP/s) spent minutes on ten 2048 products
+    under bench train with 16-mixed; a type with kernels keeps the 2048 reference."""
+    from nmt import bench
+
+    assert bench.cpu_peak_size(torch.float32) == 2048
+    clock = iter(range(10**6))  # every product seems to take a second
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: float(next(clock)))
+    assert bench.cpu_peak_size(torch.float16) == 256
+
+
 def test_bench_decode(tiny, capsys):
     _, run = tiny
     assert main(["bench", "decode", "--checkpoint", str(run), "--beam", "1,3",
