@@ -75,7 +75,8 @@ class _FirstSteps(L.Callback):
         self.steps = 0
 
     def on_train_batch_end(self, trainer, *args) -> None:
-        if trainer.global_step == self.steps + (self.first is not None):
+        steps_seen = self.steps + (self.first is not None)
+        if trainer.global_step == steps_seen:
             return  # inside a group of trainer.accumulate_grad_batches batches: no step yet
         now = time.time()
         if self.first is None:

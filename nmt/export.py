@@ -254,11 +254,11 @@ class CTranslate2Translator:
         other hypotheses, so the sentences of each budget are searched together, apart from
         the others: a sentence's output does not depend on the lines beside it."""
         found: list = [None] * len(sources)
-        if beam_size == 1:  # greedy search's path to a limit is the same whatever the limit
-            groups = [list(range(len(sources)))]
-        else:
-            groups = [[i for i, b in enumerate(budgets) if b == budget] for budget in set(budgets)]
-        for group in groups:
+        groups: dict[int, list[int]] = {}  # budget -> its sentences, in one pass
+        for i, budget in enumerate(budgets):
+            # greedy search's path to a limit is the same whatever the limit: one group
+            groups.setdefault(budget if beam_size > 1 else 0, []).append(i)
+        for group in groups.values():
             budget = max(budgets[i] for i in group)
             results = self.engine.translate_batch(
                 [sources[i] for i in group], max_batch_size=self.config.data.eval_max_tokens,
