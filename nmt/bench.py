@@ -11,6 +11,8 @@ import multiprocessing
 import statistics
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import lightning as L
@@ -23,7 +25,7 @@ from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.engines import check_engine_options
 from nmt.evaluate import split_pairs
-from nmt.memory import peak_memory_mb
+from nmt.memory import limit_data_growth, peak_memory_mb
 from nmt.metrics import score_corpus
 from nmt.models import build_model
 from nmt.plots import save_lines
@@ -288,8 +290,12 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
 
 
 def _time_scorer(name: str, length: int, batch: int, heads: int, head_dim: int,
-                 repeats: int) -> dict:
-    """Runs in a fresh process: forward+backward time and the peak memory it adds."""
+                 repeats: int, memory_limit_mb: float | None = None) -> dict:
+    """Runs in a fresh process: forward+backward time and the peak memory it adds. With
+    ``memory_limit_mb`` the process may allocate at most that much more (a failed allocation,
+    not the kernel's OOM killer, then ends a point that does not fit)."""
+    if memory_limit_mb is not None:
+        limit_data_growth(memory_limit_mb)
     torch.manual_seed(0)
     scorer = build_scorer(name, head_dim, head_dim, head_dim)
     q, k, v = (torch.randn(batch, heads, length, head_dim, requires_grad=True) for _ in range(3))
@@ -340,18 +346,40 @@ def scorer_exponents(rows: list[dict]) -> dict[str, dict[str, float | None]]:
     return exponents
 
 
+def _time_point(*args, measure=_time_scorer) -> dict:
+    """``measure(*args)`` in a fresh process (so that its peak memory is its own); a point that
+    runs out of memory, or whose process dies (the OOM killer), is a row with an error."""
+    name, length = args[:2]
+    try:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return pool.submit(measure, *args).result()
+    except BrokenProcessPool:  # (a RuntimeError too)
+        why = "its process died"
+    except (MemoryError, RuntimeError) as error:
+        if isinstance(error, RuntimeError) and "allocate" not in str(error):
+            raise
+        why = "out of memory"
+    return {"scorer": name, "length": length, "ms": None, "peak_mb": None, "error": why}
+
+
 def bench_attention(max_len: int = 1024, batch: int = 2, heads: int = 4, head_dim: int = 32,
-                    repeats: int = 3, plot: str | None = None) -> dict:
+                    repeats: int = 3, plot: str | None = None,
+                    memory_limit_mb: float | None = None) -> dict:
     """Each scorer alone, T = S = 16 .. max_len: time and peak memory, one process per point
-    so that each peak is its own, and their growth exponents (``scorer_exponents``)."""
+    so that each peak is its own, and their growth exponents (``scorer_exponents``) over the
+    points that fit in memory; a scorer's first point that does not is its last row."""
     lengths = [2**i for i in range(4, int(math.log2(max_len)) + 1)]
-    jobs = [(name, n, batch, heads, head_dim, repeats) for name in SCORERS for n in lengths]
-    with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
-        rows = pool.starmap(_time_scorer, jobs)
-    exponents = scorer_exponents(rows)
+    rows = []
+    for name in SCORERS:
+        for n in lengths:
+            rows.append(_time_point(name, n, batch, heads, head_dim, repeats, memory_limit_mb))
+            if "error" in rows[-1]:  # a longer length would not fit either
+                break
+    measured = [r for r in rows if "error" not in r]
+    exponents = scorer_exponents(measured)
     if plot:
-        save_lines(plot, {name: ([r["length"] for r in rows if r["scorer"] == name],
-                                  [r["ms"] for r in rows if r["scorer"] == name]) for name in SCORERS},
+        save_lines(plot, {name: ([r["length"] for r in measured if r["scorer"] == name],
+                                  [r["ms"] for r in measured if r["scorer"] == name]) for name in SCORERS},
                     "source = target length", "forward + backward (ms)",
                     f"Attention scorers alone (batch {batch}, {heads} heads, d {head_dim})",
                    loglog=True)

@@ -34,3 +34,15 @@ def resident_memory_mb() -> float:
     """Resident memory of this process now (VmRSS); NaN where /proc does not say."""
     now = _proc_status_mb("VmRSS")
     return float("nan") if now is None else now
+
+
+def limit_data_growth(megabytes: float) -> None:
+    """Lets this process allocate at most ``megabytes`` more (RLIMIT_DATA over its data size now,
+    Linux): a larger allocation then fails with an error instead of waking the OOM killer."""
+    now = _proc_status_mb("VmData")
+    if now is None:
+        raise OSError("a memory limit needs Linux's /proc/self/status")
+    limit, hard = int((now + megabytes) * 2**20), resource.getrlimit(resource.RLIMIT_DATA)[1]
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 
 from nmt.attention import SCORERS
-from nmt.bench import growth_exponent, scorer_exponents
+from nmt.bench import _time_point, growth_exponent, scorer_exponents
 from nmt.cli import main
 from nmt.plots import check_picture_path
 from nmt.translator import Translator
@@ -47,6 +48,32 @@ def test_bench_attention(tmp_path, capsys):
     # at these lengths the peaks are under the RSS resolution: the empty exponents are explained
     assert all(v["memory"] is None for v in summary["exponents"].values())
     assert "a memory exponent needs peaks of 32 MB or more" in out
+
+
+def test_bench_attention_keeps_the_rows_that_fit_in_memory(tmp_path, capsys):
+    # Each point may allocate 40 MB: the additive scorers' (B, H, T, S, d) scores fill that by
+    # length 128, the dot products' (B, H, T, S) ones do not; a point that fails ends its scorer.
+    assert main(["bench", "attention", "--max-len", "256", "--memory-limit-mb", "40",
+                 "--plot", ""]) == 0
+    out = capsys.readouterr().out
+    rows = last_json(out)["rows"]
+    additive = [r for r in rows if r["scorer"] == "additive"]
+    assert additive[-1]["error"] == "out of memory" and additive[-1]["ms"] is None
+    assert all(r["ms"] > 0 for r in additive[:-1]) and additive[-1]["length"] <= 128
+    assert f"additive: out of memory at length {additive[-1]['length']}" in out
+    dot = [r for r in rows if r["scorer"] == "dot"]
+    assert [r["length"] for r in dot] == [16, 32, 64, 128, 256] and all(r["ms"] > 0 for r in dot)
+    assert "| error |" in out.splitlines()[0]
+
+
+def exit_like_the_oom_killer(*args) -> dict:
+    os._exit(137)
+
+
+def test_a_point_whose_process_dies_is_a_row_not_the_end_of_the_bench():
+    row = _time_point("dot", 64, 1, 1, 8, 1, measure=exit_like_the_oom_killer)
+    assert row == {"scorer": "dot", "length": 64, "ms": None, "peak_mb": None,
+                   "error": "its process died"}
 
 
 def test_bench_attention_refuses_a_picture_name_matplotlib_cannot_write(tmp_path, capsys):

@@ -104,6 +104,9 @@ def add_bench_attention(what: argparse._SubParsersAction) -> None:
     bench_attention.add_argument("--head-dim", type=positive_int, default=32)
     bench_attention.add_argument("--plot", default="results/bench_attention.png",
                                  help="log-log plot of time against length")
+    bench_attention.add_argument("--memory-limit-mb", type=positive_int, default=None,
+                                 help="the most each point may allocate (Linux); a point that "
+                                 "needs more ends its scorer's rows, not the machine's memory")
 
 def cmd_bench_attention(args: argparse.Namespace) -> None:
     # The bench times lengths 16, 32, 64, ... up to --max-len; a growth exponent needs two.
@@ -114,8 +117,13 @@ def cmd_bench_attention(args: argparse.Namespace) -> None:
 
     if args.plot:  # "" draws none
         check_picture_path(args.plot)
-    summary = bench_attention(args.max_len, args.batch, args.heads, args.head_dim, plot=args.plot)
+    summary = bench_attention(args.max_len, args.batch, args.heads, args.head_dim, plot=args.plot,
+                              memory_limit_mb=args.memory_limit_mb)
     print_table(summary["rows"])
+    for row in summary["rows"]:
+        if "error" in row:
+            print(f"{row['scorer']}: {row['error']} at length {row['length']}; longer lengths "
+                  "not tried")
     print_table([{"scorer": k, "time_exponent": v["time"], "memory_exponent": v["memory"]}
                  for k, v in summary["exponents"].items()])
     if any(v["memory"] is None for v in summary["exponents"].values()):

@@ -110,8 +110,8 @@ def add_train_flags(command: argparse.ArgumentParser, flags: tuple[str, ...]) ->
         command.add_argument("--" + flag.replace("_", "-"), type=kind, help=help_text)
 
 def print_table(rows: list[dict]) -> None:
-    """A Markdown table of dicts sharing their keys."""
-    keys = list(rows[0])
+    """A Markdown table of dicts: a column for each key any row has, empty where a row has none."""
+    keys = list(dict.fromkeys(k for row in rows for k in row))
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
     for row in rows:
