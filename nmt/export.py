@@ -138,7 +138,8 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
         raise NMTError(f"unknown quantization '{quantization}'; choose one of: {', '.join(QUANTIZATIONS)}")
     check_exportable(run_config(run_dir))
     check_export_target(out)
-    translator = Translator.from_run_dir(run_dir, "cpu", weights)
+    # fp32 as stored: nothing is decoded, so auto's timing probe would only cost seconds
+    translator = Translator.from_run_dir(run_dir, "cpu", weights, precision="32-true")
     # Written beside ``out`` and swapped in whole: a failed export (a full disk, Ctrl-C)
     # leaves an earlier export in ``out`` as it was.
     target = out.resolve()  # "." has no name to put beside

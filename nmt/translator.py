@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import zipfile
 from dataclasses import dataclass, replace
@@ -99,16 +100,23 @@ def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None
     return beam_size, alpha
 
 
+FROM_HERE = tuple(f"{dots}{sep}" for dots in (".", "..") for sep in {"/", os.sep})
+
+
 def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool = True) -> Path:
     """``weights`` if given: a file in the run directory (e.g. averaged.ckpt from ``nmt
     average``, steps/step30.ckpt), else a path with a folder in it as given (absolute, or from
-    the current directory; a bare name is never looked for outside the run); otherwise the
+    the current directory; a bare name is never looked for outside the run, one that begins
+    with ./ or ../ never inside it); otherwise the
     run's final weights (train_stats.json, see ``nmt.average.final_weights``), else best.ckpt,
     else last.ckpt, with a warning unless ``warn`` is False (a check before the load that
     warns)."""
     if weights is not None:
         inside, given = run_dir / weights, Path(weights)
-        tried = [inside] if given.parent == Path(".") or given.is_absolute() else [inside, given]
+        if given.is_absolute() or str(weights).startswith(FROM_HERE):  # Path drops a "./"
+            tried = [given]
+        else:
+            tried = [inside] if given.parent == Path(".") else [inside, given]
         for path in tried:
             if path.is_file():
                 return path

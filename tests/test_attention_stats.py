@@ -163,6 +163,8 @@ def test_rnn_has_no_self_attention_to_draw(run):
     (["--attention-layer", "5"], "no attention layer 5 / head mean in this model: it has 1 layer and 2"),
     (["--attention-kind", "encoder", "--attention-head", "2"], "no attention layer -1 / head 2"),
     (["--attention-head", "first"], "--attention-head must be mean, all or a head number"),
+    # a digit to str.isdigit, not to int(): a ValueError traceback
+    (["--attention-head", "\u00b2"], "--attention-head must be mean, all or a head number"),
     (["--plot-attention", "in.txt"], "--plot-attention in.txt: cannot make a folder there"),
 ])
 def test_bad_attention_options_fail_before_translating(run, tmp_path, monkeypatch, capsys, options,

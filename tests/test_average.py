@@ -147,6 +147,27 @@ def test_translation_takes_the_weights_training_chose_unless_told(tmp_path, caps
     assert "final_weights" not in json.loads(stats.read_text())
 
 
+def test_weights_from_here_are_never_the_runs_file_of_that_name(tmp_path, monkeypatch):
+    """--weights ./averaged.ckpt decoded with RUN/averaged.ckpt: Path("./x") is Path("x")."""
+    run, here = tmp_path / "run", tmp_path / "here"
+    for folder in (run / "steps", here / "steps"):
+        folder.mkdir(parents=True)
+        (folder.parent / "averaged.ckpt").write_bytes(b"")
+        (folder / "step4.ckpt").write_bytes(b"")
+    monkeypatch.chdir(here)
+    assert find_checkpoint(run, "averaged.ckpt") == run / "averaged.ckpt"  # a bare name: the run's
+    assert find_checkpoint(run, "./averaged.ckpt") == Path("averaged.ckpt")  # here's
+    assert find_checkpoint(run, "steps/step4.ckpt") == run / "steps/step4.ckpt"  # the run's first
+    assert find_checkpoint(run, "./steps/step4.ckpt") == Path("steps/step4.ckpt")
+    (tmp_path / "averaged.ckpt").write_bytes(b"")  # RUN/../averaged.ckpt
+    (here / "deeper").mkdir()
+    monkeypatch.chdir(here / "deeper")
+    assert find_checkpoint(run, "../averaged.ckpt") == Path("../averaged.ckpt")  # here's
+    (run / "only.ckpt").write_bytes(b"")
+    with pytest.raises(NMTError, match=r"weights file not found: only.ckpt$"):
+        find_checkpoint(run, "./only.ckpt")  # not the run's
+
+
 def test_a_run_past_its_best_validation_ends_with_averaged_weights(tmp_path, capsys):
     """At a learning rate of 1e-12 the validation BLEU never changes, so the first validation
     stays the best and best.ckpt is older than the last 2 checkpoints of 4 epochs: training

@@ -342,6 +342,8 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatc
     (["average", "--checkpoint", "docs"], "no config.yaml in docs: is it a training run directory?"),
     (["translate", "--checkpoint", "docs", "--input", ""], "--input is empty"),  # not stdin
     (["translate", "--checkpoint", "docs", "--output", ""], "--output is empty"),
+    # not the current folder, where pictures 0001.png ... went
+    (["translate", "--checkpoint", "docs", "--plot-attention", ""], "--plot-attention is empty"),
 ])
 def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)

@@ -191,9 +191,12 @@ def test_precision_is_for_the_torch_engine(run, tmp_path, capsys):
     assert "--precision is for the torch engine" in capsys.readouterr().err
 
 
-def test_int8_export_translates(run, tmp_path, sources, exported):
+def test_int8_export_translates(run, tmp_path, sources, exported, capsys):
     out = tmp_path / "int8"
+    capsys.readouterr()
     assert main(["export", "--checkpoint", str(run), "--quantization", "int8", "--out", str(out)]) == 0
+    # nothing is decoded: no decoding precision chosen (auto's probe took seconds) or named
+    assert "precision" not in "".join(capsys.readouterr())
     results = CTranslate2Translator(out).translate(sources[:5], beam_size=2)
     assert len(results) == 5 and all(r[0].pieces for r in results)
     # Quantized: its weight matrices take a byte per value where float32's take four (this

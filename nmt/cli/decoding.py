@@ -257,6 +257,8 @@ def translate_chunk(translator, lines: list[str], first: int, args: argparse.Nam
 def picture_options(args: argparse.Namespace) -> None:
     """--attention-kind, -layer and -head choose what --plot-attention draws: without it they
     are an error (they would be ignored), with it the ones not given take their defaults."""
+    if args.plot_attention == "":  # an unset shell variable: not the current folder
+        raise NMTError("--plot-attention is empty: name a folder for the pictures")
     if args.plot_attention is not None and args.ensemble:
         raise NMTError("--plot-attention draws one model's attention: translate with that run "
                        "alone, without --ensemble")
