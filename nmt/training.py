@@ -39,6 +39,7 @@ from nmt.data.module import (
     prepare_data,
     training_pairs_note,
 )
+from nmt.data.prepare import check_prepared_targets
 from nmt.data.tokenizer import PAD, Tokenizer
 from nmt.errors import NMTError
 from nmt.files import write_atomic
@@ -406,10 +407,10 @@ def train(config: Config) -> Path:
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     check_batches_per_process(datamodule, config, trainer.world_size)
     write_run_files(config, run_dir, data, new_run=resume_from is None)
-    module = TranslationModule(
-        model, data.tokenizer, config.optim, config.decoding,
-        list(data.text["val"]["tgt"]), config.seed,
-    )
+    references = list(data.text["val"]["tgt"])
+    check_prepared_targets(data.folder, "val", references)
+    module = TranslationModule(model, data.tokenizer, config.optim, config.decoding, references,
+                               config.seed)
     print_effective_batch(config, trainer)
     if trainer.is_global_zero:
         note = training_pairs_note(data, config.data.max_len)

@@ -21,7 +21,7 @@ from nmt.config import DataConfig, load_config
 from nmt.data.batching import PairDataset, TokenBatchSampler, collate
 from nmt.data.corpus import load_corpus, read_pairs
 from nmt.data.module import TranslationDataModule, prepare_data, split_dataset
-from nmt.data.prepare import load_side, prepare, sample_pairs
+from nmt.data.prepare import check_prepared_targets, load_side, prepare, sample_pairs
 from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
 from nmt.errors import NMTError
 
@@ -176,20 +176,28 @@ def _local_layout(folder, files) -> DataConfig:
     return DataConfig(data_dir=str(folder), corpus="toy", vocab_size=120)
 
 
-@pytest.mark.parametrize("change", ["corpus file", "spm_sample", "vocab_size", "train_lines"])
+@pytest.mark.parametrize("change", ["corpus file", "same size and time", "spm_sample",
+                                    "vocab_size", "train_lines"])
 def test_cache_key_covers_inputs_and_options(tmp_path, change):
     cfg = _local_layout(tmp_path / "data", write_corpus(tmp_path))
     first = prepare(cfg)
     assert prepare(cfg) == first  # same inputs: reused
+    path = tmp_path / "data" / "toy" / "val.en"
     if change == "corpus file":  # same name, new content (and a later modification time)
-        path = tmp_path / "data" / "toy" / "val.en"
         path.write_text(path.read_text().upper())
         os.utime(path, ns=(time.time_ns() + 10**9,) * 2)
+    elif change == "same size and time":  # as `tac val.en > x; touch -r val.en x; mv x val.en`
+        before = path.stat()
+        replaced = path.with_name("x")
+        replaced.write_text("".join(reversed(path.read_text().splitlines(keepends=True))))
+        os.utime(replaced, ns=(before.st_atime_ns, before.st_mtime_ns))
+        replaced.replace(path)
+        assert (path.stat().st_size, path.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     else:
         setattr(cfg, change, {"spm_sample": 100, "vocab_size": 110, "train_lines": 200}[change])
     second = prepare(cfg)
     assert second != first and (second / "meta.json").is_file()
-    if change == "corpus file":
+    if change in ("corpus file", "same size and time"):
         assert load_corpus(cfg)["val"][0]["tgt"] == split_text(second, "val")
 
 
@@ -221,6 +229,24 @@ def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):
            for k, f in folders.items()}
     assert ids[True] == ids[False] == ids["text"] and len(ids[True][0]) > 300
     assert json.loads((folders[True] / "meta.json").read_text())["pairs"]["train"] == 300
+
+
+def test_a_stream_changed_since_it_was_prepared_is_not_scored_against_its_old_ids(tmp_path):
+    """A stream's cache key is its name and version: a dataset revised under the same name
+    kept its prepared ids, and training scored validation BLEU of the old ids' sources against
+    the new references. Training now checks the references against what was prepared."""
+    hub = _hub_folder(tmp_path / "hub", write_corpus(tmp_path))
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), hub_dataset=str(hub), hub_streaming=True,
+                     vocab_size=120)
+    folder = prepare(cfg)
+    check_prepared_targets(folder, "val", load_corpus(cfg)["val"]["tgt"])  # as prepared: passes
+    validation = hub / "validation.jsonl"
+    rows = validation.read_text(encoding="utf-8").splitlines(keepends=True)
+    validation.write_text("".join(reversed(rows)), encoding="utf-8")  # same size, same name
+    assert prepare(cfg) == folder  # the cache cannot see it ...
+    with pytest.raises(NMTError, match=r"the val split's text changed since it was prepared in "
+                       rf"{re.escape(str(folder))}: delete that folder"):
+        check_prepared_targets(folder, "val", load_corpus(cfg)["val"]["tgt"])  # ... training does
 
 
 def split_text(folder, split) -> str:
@@ -474,6 +500,33 @@ def test_hub_translation_column_is_unpacked():
     assert pairs[0] == {"src": "Hello", "tgt": "Hallo"}
     columns = datasets.Dataset.from_dict({"en": ["a"], "de": ["b"], "image": [0]})
     assert _hub_pairs(columns, "de", "en", "bentrevett/multi30k")[0] == {"src": "b", "tgt": "a"}
+
+
+def test_a_hub_translation_column_without_the_pair_is_one_line():
+    """A KeyError traceback from inside datasets' map, for a language wmt14's de-en lacks."""
+    import datasets
+
+    from nmt.data.corpus import _hub_pairs
+
+    split = datasets.Dataset.from_dict({"translation": [{"de": "Hallo", "en": "Hello"}]})
+    with pytest.raises(NMTError, match="'wmt14' has no translations between fr and en: its "
+                                       "translation column holds de, en"):
+        _hub_pairs(split, "fr", "en", "wmt14")
+    stream = split.to_iterable_dataset()  # declares features; one that does not: its first row
+    stream._info.features = None
+    with pytest.raises(NMTError, match="holds de, en"):
+        _hub_pairs(stream, "en", "cs", "wmt14")
+
+
+def test_a_hub_row_missing_a_side_is_an_empty_line_and_other_values_an_error():
+    """A null translation was a TypeError traceback from SentencePiece."""
+    import datasets
+
+    rows = {"src": ["a", "b", None], "tgt": [None, "c", "d"]}
+    assert list(read_pairs(datasets.Dataset.from_dict(rows))) == [(["a", "b", ""], ["", "c", "d"])]
+    numbers = datasets.Dataset.from_dict({"src": ["a", "b"], "tgt": [[1], [2]]})
+    with pytest.raises(NMTError, match=r"row 1 of a Hub split holds \[1\] as its target, not text"):
+        list(read_pairs(numbers))
 
 
 def test_prepare_command_and_a_bad_line(tmp_path, capsys):

@@ -233,20 +233,32 @@ def check_same_length(src_path: str, tgt_path: str, src_lines: int, tgt_lines: i
 
 def _dataset_chunks(split: datasets.Dataset | datasets.IterableDataset
                     ) -> Iterator[tuple[list[str], list[str]]]:
+    """A Hub split's {src, tgt} rows in chunks; a missing side (null) is an empty line, which
+    training leaves out as it does an empty line of a file."""
+    done = 0
     for rows in split.iter(batch_size=10_000):
-        yield rows["src"], rows["tgt"]
+        sides = [["" if text is None else text for text in rows[side]] for side in ("src", "tgt")]
+        for side, texts in zip(("source", "target"), sides):
+            bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+            if bad is not None:
+                raise NMTError(f"row {done + bad + 1} of a Hub split holds {texts[bad]!r} as its "
+                               f"{side}, not text")
+        done += len(sides[0])
+        yield sides[0], sides[1]
 
 
 def source_identity(source: Source) -> list:
-    """What identifies a split's content for the cache: each file's path, size and
-    modification time, a Hub dataset's fingerprint, or a stream's name and version."""
+    """What identifies a split's content for the cache: each file's path, size, modification
+    and status-change times and inode (an edit that keeps the size and modification time, as
+    ``cp -p`` or ``touch -r`` can, changes the last two), a Hub dataset's fingerprint, or a
+    stream's name and version."""
     if isinstance(source, datasets.Dataset):
         return [source._fingerprint]
     if isinstance(source, HubStream):
         info = source.rows.info
         return [f"stream {source.name} {source.config} {source.split} {info.version} {info.dataset_size}"]
     stats = [(Path(p).resolve(), Path(p).stat()) for p in source]
-    return [(str(path), st.st_size, st.st_mtime_ns) for path, st in stats]
+    return [(str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for path, st in stats]
 
 
 def _named_files(cfg: DataConfig, needed: tuple[str, ...]) -> dict[str, Source]:
@@ -338,8 +350,21 @@ def _hub_pairs(split, src: str, tgt: str, name: str):
     if src in columns and tgt in columns:
         return split.select_columns([src, tgt]).rename_columns({src: "src", tgt: "tgt"})
     if "translation" in columns:
+        languages = _translation_languages(split)
+        if src not in languages or tgt not in languages:
+            raise NMTError(f"Hub dataset '{name}' has no translations between {src} and {tgt}: "
+                           f"its translation column holds {', '.join(languages)}")
         return split.map(
             lambda row: {"src": row["translation"][src], "tgt": row["translation"][tgt]},
             remove_columns=columns,
         )
     raise NMTError(f"Hub dataset '{name}' has no columns for {src} and {tgt}: {columns}")
+
+
+def _translation_languages(split) -> list[str]:
+    """The languages of a Hub split's ``translation`` column: a ``Translation`` feature's, a
+    struct's keys, or (a stream that declares no features) its first row's."""
+    feature = (split.features or {}).get("translation")
+    if feature is None:
+        return sorted(next(iter(split))["translation"])
+    return list(getattr(feature, "languages", None) or feature)

@@ -137,14 +137,15 @@ def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> dict[st
     del src, tgt
     lap("SentencePiece")
     dtype = np.uint16 if len(tokenizer) <= 1 << 16 else np.int32
-    pairs = {}
+    pairs, targets = {}, {}
     for split, source in sources.items():
         limit = cfg.train_lines if split == "train" else None
         stems = [folder / f"{split}.{cfg.src_lang}", folder / f"{split}.{cfg.tgt_lang}"]
-        pairs[split] = _encode_split(read_pairs(source, limit), tokenizer, dtype, stems)
+        pairs[split], targets[split] = _encode_split(read_pairs(source, limit), tokenizer, dtype,
+                                                     stems)
     lap("encode")
     meta = {"format": FORMAT, "dtype": np.dtype(dtype).name, "pairs": pairs,
-            "vocab_size": len(tokenizer)}
+            "vocab_size": len(tokenizer), "target_sha1": targets}
     (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return seconds
 
@@ -171,13 +172,15 @@ def _smallest(keys: np.ndarray, src: list[str], tgt: list[str], size: int):
     return keys[keep], [src[i] for i in keep], [tgt[i] for i in keep]
 
 
-def _encode_split(chunks, tokenizer: Tokenizer, dtype, stems: list[Path]) -> int:
+def _encode_split(chunks, tokenizer: Tokenizer, dtype, stems: list[Path]) -> tuple[int, str]:
     """Encode (sources, targets) chunks into ``<stem>.ids`` and ``<stem>.lengths.npy``;
-    returns the number of pairs."""
+    returns the number of pairs and the targets' ``lines_sha1``."""
     threads = os.cpu_count() or 1
     lengths: list[list[np.ndarray]] = [[], []]
+    targets = hashlib.sha1()
     with open(f"{stems[0]}.ids", "wb") as src_file, open(f"{stems[1]}.ids", "wb") as tgt_file:
         for texts in chunks:
+            _add_lines(targets, texts[1])
             for side, (lines, out) in enumerate(zip(texts, (src_file, tgt_file))):
                 ids = tokenizer.encode(lines, threads)
                 sizes = np.fromiter(map(len, ids), np.int32, count=len(ids))
@@ -186,7 +189,28 @@ def _encode_split(chunks, tokenizer: Tokenizer, dtype, stems: list[Path]) -> int
                 lengths[side].append(sizes)
     for stem, parts in zip(stems, lengths):
         np.save(f"{stem}.lengths.npy", np.concatenate(parts) if parts else np.zeros(0, np.int32))
-    return int(sum(len(p) for p in lengths[0]))
+    return int(sum(len(p) for p in lengths[0])), targets.hexdigest()
+
+
+def _add_lines(digest, lines: list[str]) -> None:
+    digest.update("".join(line + "\n" for line in lines).encode("utf-8", "surrogatepass"))
+
+
+def lines_sha1(lines: list[str]) -> str:
+    """sha1 of the lines, each ended by a newline."""
+    digest = hashlib.sha1()
+    _add_lines(digest, lines)
+    return digest.hexdigest()
+
+
+def check_prepared_targets(folder: Path, split: str, lines: list[str]) -> None:
+    """``lines`` (a split's target text read now, e.g. validation references) must be the text
+    ``folder`` holds the ids of: a source changed since without the cache seeing it (a Hub
+    stream revised under the same name) would pair old ids with new references."""
+    recorded = json.loads((folder / "meta.json").read_text()).get("target_sha1", {}).get(split)
+    if recorded is not None and recorded != lines_sha1(lines):  # None: prepared before the record
+        raise NMTError(f"the {split} split's text changed since it was prepared in {folder}: "
+                       "delete that folder and it is prepared again from the text as it is now")
 
 
 def load_side(folder: Path, split: str, lang: str) -> Ragged:
