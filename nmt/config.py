@@ -128,8 +128,15 @@ ConfigLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 ConfigLoader.add_implicit_resolver(_BOOL, re.compile("^(?:true|True|TRUE|false|False|FALSE)$"),
                                    list("tTfF"))
-# The words YAML 1.1 reads as booleans, quoted in an override (OmegaConf parses those in 1.1)
-_YAML11_WORDS = re.compile("yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF")
+# YAML 1.1's base-60 numbers (1:30:00 is the int 5400) are text, as in YAML 1.2: a time such as
+# trainer.max_time stays one. Resolvers are tried in order, so this one goes first.
+_SEXAGESIMAL = r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?"
+for _first in "-+0123456789":
+    ConfigLoader.yaml_implicit_resolvers[_first].insert(
+        0, ("tag:yaml.org,2002:str", re.compile(f"^{_SEXAGESIMAL}$")))
+# What YAML 1.1 reads as booleans or base-60 numbers, quoted in an override (OmegaConf parses
+# those in 1.1)
+_YAML11_WORDS = re.compile(f"yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF|{_SEXAGESIMAL}")
 # What they still mean in the free-form model section, whose options are flags, sizes and
 # names (a typed boolean option takes them through OmegaConf): saved as true and false, as
 # runs saved them before the words were kept
@@ -142,7 +149,7 @@ def read_yaml(text: str) -> Any:
 
 
 def _words_kept(item: str) -> str:
-    """``key=no`` as ``key='no'``: a word, as in a config file."""
+    """``key=no`` as ``key='no'``, ``key=1:30:00`` as ``key='1:30:00'``: text, as in a config file."""
     key, equals, value = item.partition("=")
     return f"{key}='{value}'" if equals and _YAML11_WORDS.fullmatch(value) else item
 

@@ -190,6 +190,21 @@ def test_no_is_a_word_and_a_boolean_option_still_takes_it(tmp_path):
     assert config.model == load_config("configs/transformer.yaml", ["model.pre_norm=false"]).model
 
 
+def test_a_time_is_text_not_a_base_60_number(tmp_path):
+    """YAML 1.1 read max_time: 1:30:00 as the int 5400 (refused as "got '5400'"), and
+    val_check_interval=1:00:00:00 as 216000 batches; a size given so is refused, not 90."""
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("trainer:\n  max_time: 1:30:00\n  max_epochs: 12\n")
+    from_file = load_config(config_file)
+    assert from_file.trainer.max_time == "1:30:00" and from_file.trainer.max_epochs == 12
+    config = load_config("configs/transformer.yaml", ["trainer.max_time=1:30:00",
+                                                      "trainer.val_check_interval=1:00:00:00"])
+    assert (config.trainer.max_time, config.trainer.val_check_interval) == ("1:30:00", "1:00:00:00")
+    assert max_time(config.trainer.max_time) == "00:01:30:00"
+    with pytest.raises(NMTError, match="trainer.max_epochs"):
+        load_config("configs/transformer.yaml", ["trainer.max_epochs=1:30"])
+
+
 @pytest.mark.parametrize("given, duration, seconds", [
     ("00:30:00", "00:00:30:00", 1800),
     ("1:00:00", "00:01:00:00", 3600),  # was "00:1:00:00", which Lightning's Timer refused
