@@ -11,7 +11,6 @@ tests). No weights.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import time
 from dataclasses import asdict
@@ -22,6 +21,7 @@ from sacrebleu.metrics import BLEU
 
 from nmt.attention_stats import attention_statistics, teacher_forced_weights
 from nmt.data.batching import PairDataset, decoding_loader
+from nmt.data.prepare import lines_sha1
 from nmt.errors import NMTError
 from nmt.evaluate import best_translations, split_pairs
 from nmt.files import write_atomic
@@ -101,12 +101,6 @@ def read_hypotheses(folder: Path, sentences: int) -> list[str]:
     return hyps
 
 
-def references_digest(references: list[str]) -> str:
-    """sha1 of the test references a cell is scored on, one a line: the report pairs its
-    translations with the references only where they are still these."""
-    return hashlib.sha1("".join(line + "\n" for line in references).encode()).hexdigest()
-
-
 def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
                 record_dir: Path) -> dict:
     """Decode the test split (in fp32 on every machine, so that records compare), measure
@@ -122,7 +116,8 @@ def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
         "scores": {**score_corpus(hyps, references),
                    "bleu_lc": round(BLEU(lowercase=True).corpus_score(hyps, [references]).score, 2),
                    "beam": cfg.beam},
-        "references_sha1": references_digest(references),
+        # the report pairs its translations with the references only where they are still these
+        "references_sha1": lines_sha1(references),
         "train": json.loads((run_dir / "train_stats.json").read_text()),
         "decode_sent_per_s": round(len(sources) / seconds, 1),
         "weights": translator.checkpoint.name,  # best.ckpt, or averaged.ckpt where training chose it
@@ -131,6 +126,9 @@ def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
                                                 test_batches(translator, sources, references)),
         "pictures": pictures(translator, sources, cfg.plot_sentences, cfg.beam),
     }
+    # An earlier record goes first: stopped between the two writes, the cell is not done,
+    # rather than done with the earlier record's scores beside these translations
+    (record_dir / RECORD).unlink(missing_ok=True)
     write_atomic(record_dir / HYPOTHESES, "".join(h + "\n" for h in hyps))
     write_atomic(record_dir / RECORD, json.dumps(record) + "\n")  # last: the record marks done
     return record

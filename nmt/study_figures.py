@@ -13,7 +13,8 @@ from nmt.plots import save_attention_grid, save_bar_chart, save_line_panels
 
 def draw_figures(cfg, records: dict, rows: list[dict], folder: Path) -> None:
     main = [r for r in rows if r["group"] == rows[0]["group"]]
-    save_bar_chart(folder / "bleu.png", [f"{r['family']}/{r['attention']}" for r in main],
+    save_bar_chart(folder / "bleu.png", [f"{r['family']}/{r['attention']}{_variant(r['variant'])}"
+                                         for r in main],
                    [r["bleu"] for r in main], [r["bleu_std"] or 0.0 for r in main], "test BLEU",
                    f"BLEU per cell ({main[0]['group']}: mean ± std over seeds)")
     draw_head_size(rows, folder / "head_size.png")
@@ -26,6 +27,12 @@ def draw_figures(cfg, records: dict, rows: list[dict], folder: Path) -> None:
     for path in [*folder.glob("cross_test*.png"), *folder.glob("encoder_test*.png")]:
         if path.name not in pictured:  # a line no longer pictured: an earlier table's
             path.unlink()
+
+
+def _variant(variant: str) -> str:
+    """A cell's variant in a label, where it is not the base one: cells of one group may differ
+    in it alone (the same family and scorer)."""
+    return "" if variant == "base" else f" ({variant})"
 
 
 def picture_of(record: dict, line: int) -> dict | None:
@@ -65,7 +72,8 @@ def draw_cross(records: dict, cfg, line: int, path: Path) -> None:
         mine = [(c, picture) for c, r in records.items()
                 if c.family == family and (picture := picture_of(r, line)) is not None]
         for cell, picture in mine:
-            panels.append((f"{family} / {cell.attention}", torch.tensor(picture["cross"]),
+            panels.append((f"{family} / {cell.attention}{_variant(cell.variant)}",
+                           torch.tensor(picture["cross"]),
                            picture["source"], picture["target"]))
         panels += [None] * ((-len(mine)) % columns)  # next family on a new row
     if any(panels):
@@ -84,9 +92,10 @@ def draw_encoder(records: dict, line: int, path: Path) -> None:
             continue
         weights = torch.tensor(picture["encoder"])  # (H, S, S)
         heads = max(heads, weights.size(0))
+        name = f"{cell.attention}{_variant(cell.variant)}"
         for h, matrix in enumerate(weights):
-            panels.append((f"{cell.attention} head {h}", matrix, picture["source"], picture["source"]))
-        panels.append((f"{cell.attention} mean", weights.mean(0), picture["source"], picture["source"]))
+            panels.append((f"{name} head {h}", matrix, picture["source"], picture["source"]))
+        panels.append((f"{name} mean", weights.mean(0), picture["source"], picture["source"]))
     if panels:
         save_attention_grid(path, panels, columns=heads + 1)
     else:

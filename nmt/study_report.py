@@ -24,9 +24,10 @@ from scipy.stats import ttest_rel
 from nmt.compare import Cell, CompareConfig, cell_key, cell_overrides, cells_of, scored_as_asked
 from nmt.config import load_config
 from nmt.data.corpus import load_corpus
+from nmt.data.prepare import lines_sha1
 from nmt.errors import NMTError
 from nmt.files import write_atomic
-from nmt.study_cell import read_hypotheses, read_record, references_digest
+from nmt.study_cell import read_hypotheses, read_record
 from nmt.study_cost import cost_markdown
 from nmt.study_figures import draw_figures
 
@@ -94,7 +95,7 @@ def test_references(cfg: CompareConfig, preset: str, extra: list[str]
         refs = corpora[name]
         noted = record.get("references_sha1")
         then = record["scores"]["sentences"]
-        if len(refs) != then or noted not in (None, references_digest(refs)):
+        if len(refs) != then or noted not in (None, lines_sha1(refs)):
             how = f"{then} sentences then, {len(refs)} now" if len(refs) != then else \
                 f"the same {then} sentences, other text"
             raise NMTError(f"the test references of cell {cell.name} are not those it was scored "

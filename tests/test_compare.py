@@ -544,3 +544,62 @@ def test_a_figure_of_cells_no_longer_tabled_is_removed(study, tmp_path):
     assert main(["compare", "--config", str(tmp_path / "one.yaml"), "--preset", "a", "--out",
                  str(tmp_path / "a"), "--runs", str(tmp_path / "none"), "--tables-only"]) == 0
     assert (figures / "cross_test0001.png").is_file() and not (figures / "cross_test0002.png").exists()
+
+
+def test_cells_that_differ_in_their_variant_alone_are_told_apart_in_the_figures(tmp_path,
+                                                                               monkeypatch):
+    """Two cells of the main group with one family and scorer, two variants: the BLEU bars
+    and the attention panels were both labelled transformer/dot."""
+    from types import SimpleNamespace
+
+    from nmt import study_figures
+    from nmt.compare import Cell
+
+    drawn = {}
+    monkeypatch.setattr(study_figures, "save_bar_chart",
+                        lambda path, labels, *args: drawn.update(bars=labels))
+    monkeypatch.setattr(study_figures, "save_attention_grid",
+                        lambda path, panels, columns: drawn.setdefault(path.name, [
+                            p[0] for p in panels if p is not None]))
+    picture = {"line": 0, "source": ["a", "b"], "target": ["x"], "cross": [[0.5, 0.5]],
+               "encoder": [[[1.0, 0.0], [0.0, 1.0]]]}
+    records, rows = {}, []
+    for variant in ("base", "wide"):
+        records[Cell("main", "transformer", "dot", variant, 1)] = {"pictures": [picture]}
+        rows.append({"group": "main", "family": "transformer", "attention": "dot",
+                     "variant": variant, "bleu": 30.0, "bleu_std": None})
+    cfg = SimpleNamespace(plot_sentences=[0], families={"transformer": "configs/transformer.yaml"})
+    study_figures.draw_figures(cfg, records, rows, tmp_path)
+    assert drawn["bars"] == ["transformer/dot", "transformer/dot (wide)"]
+    assert drawn["cross_test0001.png"] == ["transformer / dot", "transformer / dot (wide)"]
+    assert drawn["encoder_test0001.png"] == ["dot head 0", "dot mean", "dot (wide) head 0",
+                                             "dot (wide) mean"]
+
+
+def test_a_record_stopped_between_its_two_files_leaves_the_cell_undone(study, tmp_path,
+                                                                       monkeypatch):
+    """Recording a cell again wrote its new translations, then its record: stopped between
+    the two, the cell stood done with the earlier record's scores beside other translations."""
+    from types import SimpleNamespace
+
+    from nmt import study_cell
+    from nmt.compare import Cell
+
+    _, out, _, folder = study
+    cell = Cell("main", "rnn", "additive", "base", 1)
+    record_dir = tmp_path / cell.name
+    shutil.copytree(out / "a" / "cells" / cell.name, record_dir)
+    assert (record_dir / study_cell.RECORD).is_file()
+    written = study_cell.write_atomic
+
+    def stopped_before_the_record(path, text):
+        if path.name == study_cell.RECORD:
+            raise KeyboardInterrupt
+        written(path, text)
+
+    monkeypatch.setattr(study_cell, "write_atomic", stopped_before_the_record)
+    with pytest.raises(KeyboardInterrupt):
+        study_cell.finish_cell(SimpleNamespace(beam=1, plot_sentences=[]), "a", cell, "key", {},
+                               next((folder / "runs" / "a").glob(f"{cell.name}-*")), record_dir)
+    assert (record_dir / study_cell.HYPOTHESES).is_file()
+    assert not (record_dir / study_cell.RECORD).exists()  # not done: compare records it again
