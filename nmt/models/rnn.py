@@ -179,18 +179,21 @@ class RNNModel(nn.Module):
         return self._logits(t)  # (B, T, V)
 
     def forward_flops(self, src: Tensor, tgt_in: Tensor) -> int:
-        """Analytic forward FLOPs of ``forward`` on this padded batch (2 per multiply-add)."""
+        """Analytic forward FLOPs of ``forward`` on this padded batch (2 per multiply-add). The
+        encoder runs packed, over each sentence's own tokens; the attention and the decoder
+        run over the padded (B, S) and (B, T)."""
         b, s = src.shape
         t = tgt_in.size(1)
         e, d, v = self.embed.embedding_dim, self.cell.hidden_size, self.embed.num_embeddings
         gates = 4 if self.is_lstm else 3
         h = d // 2
         inputs = [e] + [d] * (self.encoder.num_layers - 1)
-        encoder = sum(2 * 2 * gates * (i * h + h * h) * s for i in inputs)  # two directions
+        per_token = sum(2 * 2 * gates * (i * h + h * h) for i in inputs)  # two directions
+        encoder = per_token * int((src != PAD).sum())
         keys = self.scorer.score_flops(0, s)  # prepare_keys, once per sentence
         step = (self.scorer.flops(1, s) - self.scorer.score_flops(0, s)
                 + 2 * gates * ((e + d) * d + d * d) + 2 * (2 * d + e) * e + 2 * e * v)
-        return b * (encoder + 2 * d * d + keys + t * step)
+        return encoder + b * (2 * d * d + keys + t * step)
 
     def decode_step(self, prev: Tensor, state, memory, need_attn: bool = False,
                     beams: Beams | None = None):
