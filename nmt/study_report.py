@@ -22,8 +22,8 @@ from sacrebleu.significance import PairedTest
 from scipy.stats import ttest_rel
 
 from nmt.compare import Cell, CompareConfig, cell_key, cell_overrides, cells_of, scored_as_asked
-from nmt.config import load_config
-from nmt.data.corpus import load_corpus
+from nmt.config import DataConfig, load_config
+from nmt.data.corpus import hub_name, load_corpus, local_sources
 from nmt.data.prepare import lines_sha1
 from nmt.errors import NMTError
 from nmt.files import write_atomic
@@ -88,7 +88,7 @@ def test_references(cfg: CompareConfig, preset: str, extra: list[str]
     corpora: dict[str, list[str]] = {}
 
     def references(cell: Cell, record: dict) -> list[str]:
-        data = load_config(cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra)).data
+        data = cell_data(cfg, preset, cell, extra)
         name = json.dumps(asdict(data), sort_keys=True)
         if name not in corpora:
             corpora[name] = list(load_corpus(data, needed=("test",))["test"]["tgt"])
@@ -104,6 +104,18 @@ def test_references(cfg: CompareConfig, preset: str, extra: list[str]
         return refs
 
     return references
+
+
+def cell_data(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]) -> DataConfig:
+    """The data section of a cell's configuration (its corpus, pair and test set)."""
+    return load_config(cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra)).data
+
+
+def test_set_name(data: DataConfig) -> str:
+    """A cell's test set as the tables' footnote names it: its reference file, or the Hub
+    dataset whose test split it is."""
+    local = local_sources(data, needed=("test",))
+    return f"the test split of {hub_name(data)}" if local is None else Path(local["test"][1]).name
 
 
 def _mean(values: list[float], digits: int = 2) -> float | None:
@@ -180,8 +192,8 @@ def _cell_text(row: dict, key: str) -> str:
     return "-" if value is None else str(value)
 
 
-def markdown(rows: list[dict], signature: str) -> str:
-    """One table per group."""
+def markdown(rows: list[dict], signature: str, test_sets: list[str]) -> str:
+    """One table per group; the footnote names the cells' ``test_sets``."""
     lines = []
     for group in dict.fromkeys(r["group"] for r in rows):
         lines += [f"### {group}", "", "| " + " | ".join(t for t, _ in COLUMNS) + " |",
@@ -189,7 +201,8 @@ def markdown(rows: list[dict], signature: str) -> str:
         lines += ["| " + " | ".join(_cell_text(r, k) for _, k in COLUMNS) + " |"
                   for r in rows if r["group"] == group]
         lines.append("")
-    lines += [f"sacreBLEU `{signature}`, test2016, beam search. BLEU: mean ± std over seeds; "
+    tested = test_sets[0] if len(test_sets) == 1 else f"each cell's own test set ({', '.join(test_sets)})"
+    lines += [f"sacreBLEU `{signature}`, {tested}, beam search. BLEU: mean ± std over seeds; "
               "p boot: paired bootstrap per seed against the same seed's baseline; p seeds: "
               "paired t-test across seeds against the baseline."]
     return "\n".join(lines) + "\n"
@@ -246,7 +259,8 @@ def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | 
     first = next(iter(records.values()))
     p_boot = bootstrap_p_values(cfg, records, test_references(cfg, preset, extra or []))
     rows = summarise(cfg, records, p_boot)
-    table = markdown(rows, first["scores"]["bleu_signature"])
+    test_sets = sorted({test_set_name(cell_data(cfg, preset, cell, extra or [])) for cell in records})
+    table = markdown(rows, first["scores"]["bleu_signature"], test_sets)
     if (out / "cost.json").is_file():
         table += "\n" + cost_table(out / "cost.json", rows)
     table += "\n" + provenance_markdown(records)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,7 +70,7 @@ def read_rows(out):
 
 
 def test_compare_writes_records_tables_and_figures(study):
-    _, out, _, folder = study
+    _, out, files, folder = study
     a = out / "a"
     for name in ("compare.md", "compare.json", "compare.csv", "figures/bleu.png",
                  "figures/cross_test0001.png", "figures/cross_test0002.png",
@@ -97,6 +98,7 @@ def test_compare_writes_records_tables_and_figures(study):
     assert list(rows)[0][0] == "main"
     table = (a / "compare.md").read_text()
     assert "### main" in table and "### heads" in table and "| rnn | dot | base |" in table
+    assert f"`, {Path(files['test'][1]).name}, beam search." in table  # not "test2016"
     # Each cell was trained in one segment, from step 0, by the code of this checkout.
     assert record["train"]["segments"][0]["from_step"] == 0
     commit = (code_commit() or "unknown")[:7]
@@ -152,6 +154,8 @@ def test_each_cell_is_paired_on_its_own_test_references(study, tmp_path):
                       [refs], test_type="bs", n_samples=200)
     row = read_rows(tmp_path / "v")[("main", "rnn", "dot", "onval")]
     assert row["p_boot"] == [round(test()[1]["BLEU"][1].p_value, 4)]
+    names = sorted([Path(files["test"][1]).name, "v30.tgt"])
+    assert f"each cell's own test set ({', '.join(names)})" in (tmp_path / "v" / "compare.md").read_text()
 
 
 def test_a_seed_without_its_baseline_has_no_p_value_and_the_others_keep_theirs(study, tmp_path):
