@@ -295,6 +295,7 @@ def _time_scorer(name: str, length: int, batch: int, heads: int, head_dim: int,
     ``memory_limit_mb`` the process may allocate at most that much more (a failed allocation,
     not the kernel's OOM killer, then ends a point that does not fit)."""
     if memory_limit_mb is not None:
+        torch.ones(1 << 20).mul_(2).sum()  # start the thread pool first: its stacks count too
         limit_data_growth(memory_limit_mb)
     torch.manual_seed(0)
     scorer = build_scorer(name, head_dim, head_dim, head_dim)

@@ -118,7 +118,7 @@ def max_time(value: str | None) -> str | None:
     if value is None:
         return None
     parts = value.split(":")
-    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
+    if len(parts) not in (3, 4) or not all(p.isdecimal() for p in parts):
         raise NMTError(f"--max-time must be HH:MM:SS, got '{value}'")
     days, hours, minutes, seconds = map(int, [0] * (4 - len(parts)) + parts)
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
@@ -158,7 +158,10 @@ def quiet_lightning_noise() -> None:
       validation: the module steps that schedule at validations, not Lightning at epoch ends
       (``TranslationModule.step_plateau``);
     - the FutureWarning torch 2.13 raises at Lightning 2.6's own use of ``LeafSpec``;
-    - its tip to install a cloud logger.
+    - its tip to install a cloud logger;
+    - resuming with fewer callbacks than the checkpoint holds ("Be aware that when using
+      `ckpt_path`, callbacks used to create the checkpoint need to be provided"): early stopping
+      and checkpoint keeping may be turned off between segments (``RESUMABLE_CHANGES``).
 
     Warnings are filtered as Lightning's docs show, the tip on Lightning's rank-zero logger
     (adding the same filter twice keeps one)."""
@@ -167,7 +170,8 @@ def quiet_lightning_noise() -> None:
                     r"Precision \S+-mixed is not supported by the model summary",
                     r"It is recommended to use `self\.log\('(val_loss|val_bleu|wall_minutes|"
                     r"train_tgt_tok_per_s)'.*sync_dist=True",
-                    "ReduceLROnPlateau conditioned on metric val_bleu which is not available"):
+                    "ReduceLROnPlateau conditioned on metric val_bleu which is not available",
+                    "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint"):
         warnings.filterwarnings("ignore", message)
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 import shutil
 import time
 from pathlib import Path
@@ -93,6 +94,7 @@ class TranslationModule(L.LightningModule):
         self._gradients_pending = False
         self._steps_before_batch = 0
         self._restored_gradients: list[torch.Tensor | None] | None = None
+        self._segment_noted = False  # see _note_segment
 
     def _loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean token loss over non-pad targets, and the number of such tokens."""
@@ -111,16 +113,24 @@ class TranslationModule(L.LightningModule):
         for param, grad in zip(self.parameters(), self._restored_gradients or []):
             param.grad = None if grad is None else grad.to(param.device)
         self._restored_gradients = None
-        # Here, not in on_fit_start: the resumed global step and segments are restored by now.
+        self._segment_noted = False
+
+    def _note_segment(self) -> None:
+        """This fit as a training segment of the run, at its first batch: a resumed run with
+        nothing left to train (its last epoch ended after its last checkpoint) trained nothing
+        here, and its device and code trained none of the weights."""
         self.segments.append({
             "from_step": self.global_step, "code": code_commit(), "device": device_name(),
             "precision": str(self.trainer.precision),
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+        self._segment_noted = True
 
     def on_train_epoch_start(self) -> None:
         self._epoch_tokens, self._epoch_seconds = 0, 0.0
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        if not self._segment_noted:
+            self._note_segment()
         # Dropout draws depend only on (seed, epoch, batch, rank), so a resumed run continues
         # exactly like an uninterrupted one, whatever else drew random numbers meanwhile.
         torch.manual_seed(hash((self.seed, self.current_epoch, batch_idx, self.global_rank)))
@@ -324,6 +334,9 @@ def check_optim_config(optim: OptimConfig) -> None:
         raise NMTError(f"optim.lr must be above 0, got {optim.lr}")
     if not 0 <= optim.min_lr < math.inf:
         raise NMTError(f"optim.min_lr must be 0 or more, got {optim.min_lr}")
+    if optim.schedule in ("cosine", "plateau") and optim.min_lr > optim.lr:
+        raise NMTError(f"optim.min_lr {optim.min_lr} is above optim.lr {optim.lr}: the {optim.schedule} "
+                       "schedule would rise to it, not decay; give a floor below the peak")
     if not 0 <= optim.weight_decay < math.inf:
         raise NMTError(f"optim.weight_decay must be 0 or more, got {optim.weight_decay}")
     if not 0 < optim.plateau_factor < 1 or optim.plateau_patience < 0:
@@ -358,10 +371,13 @@ def check_trainer_config(config: Config) -> None:
         raise NMTError(f"trainer.early_stopping_patience {t.early_stopping_patience}: "
                        "give the validations to wait, or 0 to train to the end of the budget")
     interval = t.val_check_interval  # a number here; a time ("00:00:30:00") is Lightning's
-    if isinstance(interval, (int, float)) and not (
-            interval >= 1 if isinstance(interval, int) else 0 < interval <= 1):
+    if isinstance(interval, bool) or (isinstance(interval, (int, float)) and not (
+            interval >= 1 if isinstance(interval, int) else 0 < interval <= 1)) or (
+            isinstance(interval, str) and re.fullmatch("[0:]+", interval)):  # true: 1 batch
         raise NMTError(f"trainer.val_check_interval {interval}: give a number of batches (1 or "
-                       "more), a fraction of an epoch in (0, 1], or a time DD:HH:MM:SS")
+                       "more), a fraction of an epoch in (0, 1], or a time DD:HH:MM:SS above 0")
+    if t.log_every_n_steps < 0:
+        raise NMTError(f"trainer.log_every_n_steps must be 0 or more, got {t.log_every_n_steps}")
     if t.max_epochs == 0 or t.max_steps == 0:
         raise NMTError("trainer.max_epochs and trainer.max_steps of 0 train nothing: give a budget "
                        "(-1: no limit)")
@@ -397,8 +413,10 @@ def train(config: Config) -> Path:
     trainer = build_trainer(config, run_dir)  # Lightning checks its own options here
     check_launcher(trainer, config.trainer.strategy)
     data = prepare_data(config.data)
-    if len(data.text["val"]) == 0:  # else it fails at the first validation, after training
+    references = list(data.text["val"]["tgt"])
+    if not references:  # else it fails at the first validation, after training
         raise NMTError("the validation split is empty: training validates and keeps checkpoints by it")
+    check_prepared_targets(data.folder, "val", references)  # before the run's files are written
     L.seed_everything(config.seed, workers=True, verbose=False)  # the weights: the seed's alone
     model = build_model(config.model, len(data.tokenizer))
     if resume_from is not None:  # before anything of the run is replaced
@@ -407,8 +425,6 @@ def train(config: Config) -> Path:
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     check_batches_per_process(datamodule, config, trainer.world_size)
     write_run_files(config, run_dir, data, new_run=resume_from is None)
-    references = list(data.text["val"]["tgt"])
-    check_prepared_targets(data.folder, "val", references)
     module = TranslationModule(model, data.tokenizer, config.optim, config.decoding, references,
                                config.seed)
     print_effective_batch(config, trainer)

@@ -100,7 +100,8 @@ def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None
     return beam_size, alpha
 
 
-FROM_HERE = tuple(f"{dots}{sep}" for dots in (".", "..") for sep in {"/", os.sep})
+HERE = ("./", f".{os.sep}")  # how a path from the current folder begins ...
+FROM_HERE = (*HERE, "../", f"..{os.sep}")  # ... or from the one above it
 
 
 def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool = True) -> Path:
@@ -120,6 +121,10 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool
         for path in tried:
             if path.is_file():
                 return path
+        if tried == [given] and not given.is_absolute():  # ./x, ../x: the current folder's
+            in_run = f"; {str(weights)[2:]} (without ./) is the run's" \
+                if str(weights).startswith(HERE) else ""
+            raise NMTError(f"weights file not found: {weights} ({given.resolve()}){in_run}")
         raise NMTError(f"weights file not found: {' or '.join(map(str, tried))}")
     chosen = final_weights_of(run_dir)
     for name in (chosen, "best.ckpt", "last.ckpt"):

@@ -17,7 +17,8 @@ from nmt.plots import save_lines
 def curve(run_dir: Path) -> tuple[list[float], list[float]]:
     """(wall minutes, validation BLEU) at each validation of the run."""
     points = []
-    for log in sorted((run_dir / "logs").glob("version_*/metrics.csv")):
+    logs = (run_dir / "logs").glob("version_*/metrics.csv")
+    for log in sorted(logs, key=lambda path: int(path.parent.name.split("_")[1])):  # 2 before 10
         with open(log) as f:
             points += [(float(r["wall_minutes"]), float(r["val_bleu"])) for r in csv.DictReader(f)
                        if r.get("wall_minutes") and r.get("val_bleu")]

@@ -4,6 +4,7 @@ translate / evaluate using the averaged weights."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -164,7 +165,9 @@ def test_weights_from_here_are_never_the_runs_file_of_that_name(tmp_path, monkey
     monkeypatch.chdir(here / "deeper")
     assert find_checkpoint(run, "../averaged.ckpt") == Path("../averaged.ckpt")  # here's
     (run / "only.ckpt").write_bytes(b"")
-    with pytest.raises(NMTError, match=r"weights file not found: only.ckpt$"):
+    with pytest.raises(NMTError, match=re.escape(
+            f"weights file not found: ./only.ckpt ({here / 'deeper' / 'only.ckpt'}); only.ckpt "
+            "(without ./) is the run's")):
         find_checkpoint(run, "./only.ckpt")  # not the run's
 
 

@@ -322,6 +322,18 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatc
     (["train", "--config", "configs/transformer.yaml", "optim.plateau_factor=5"], "plateau_factor"),
     (["train", "--config", "configs/transformer.yaml", "optim.min_lr=-1"], "optim.min_lr"),
     (["train", "--config", "configs/transformer.yaml", "optim.min_lr=.nan"], "optim.min_lr"),
+    # cosine rose from the peak to 10x it; plateau never lowered the rate
+    (["train", "--config", "configs/transformer.yaml", "optim.lr=0.001", "optim.min_lr=0.01"],
+     "optim.min_lr 0.01 is above optim.lr 0.001: the cosine schedule would rise to it"),
+    (["train", "--config", "configs/rnn_bahdanau.yaml", "optim.schedule=plateau",
+      "optim.lr=1e-7"], "optim.min_lr 1e-06 is above optim.lr 1e-07: the plateau schedule"),
+    # both validated after every batch; a negative interval logged every step
+    (["train", "--config", "configs/transformer.yaml", "trainer.val_check_interval=true"],
+     "trainer.val_check_interval True: give a number of batches"),
+    (["train", "--config", "configs/transformer.yaml", "trainer.val_check_interval=00:00:00:00"],
+     "a time DD:HH:MM:SS above 0"),
+    (["train", "--config", "configs/transformer.yaml", "trainer.log_every_n_steps=-1"],
+     "trainer.log_every_n_steps must be 0 or more, got -1"),
     (["train", "--config", "configs/transformer.yaml", "optim.lr=.inf"], "optim.lr"),
     (["train", "--config", "configs/transformer.yaml", "optim.ema_decay=1"], "optim.ema_decay"),
     (["train", "--config", "configs/transformer.yaml", "trainer.gradient_clip_val=.nan"],
@@ -605,6 +617,10 @@ def test_resume_continues_like_an_uninterrupted_run(corpus, run):
     first = torch.load(resumed / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
     assert main(tiny_train_args(files, resumed, folder / "data", epochs=2)) == 0  # same command
     assert _segment_starts(resumed) == [0, first] and first > 0  # resumed, not trained anew
+    # The same command once more: nothing is left to train, and no segment is noted (one was,
+    # naming a device and code that trained none of the weights)
+    assert main(tiny_train_args(files, resumed, folder / "data", epochs=2)) == 0
+    assert _segment_starts(resumed) == [0, first]
     straight, again = _weights(run / "last.ckpt"), _weights(resumed / "last.ckpt")
     assert straight.keys() == again.keys()
     for key in straight:

@@ -176,29 +176,33 @@ def _local_layout(folder, files) -> DataConfig:
     return DataConfig(data_dir=str(folder), corpus="toy", vocab_size=120)
 
 
-@pytest.mark.parametrize("change", ["corpus file", "same size and time", "spm_sample",
-                                    "vocab_size", "train_lines"])
+@pytest.mark.parametrize("change", ["corpus file", "spm_sample", "vocab_size", "train_lines"])
 def test_cache_key_covers_inputs_and_options(tmp_path, change):
     cfg = _local_layout(tmp_path / "data", write_corpus(tmp_path))
     first = prepare(cfg)
     assert prepare(cfg) == first  # same inputs: reused
-    path = tmp_path / "data" / "toy" / "val.en"
     if change == "corpus file":  # same name, new content (and a later modification time)
+        path = tmp_path / "data" / "toy" / "val.en"
         path.write_text(path.read_text().upper())
         os.utime(path, ns=(time.time_ns() + 10**9,) * 2)
-    elif change == "same size and time":  # as `tac val.en > x; touch -r val.en x; mv x val.en`
-        before = path.stat()
-        replaced = path.with_name("x")
-        replaced.write_text("".join(reversed(path.read_text().splitlines(keepends=True))))
-        os.utime(replaced, ns=(before.st_atime_ns, before.st_mtime_ns))
-        replaced.replace(path)
-        assert (path.stat().st_size, path.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     else:
         setattr(cfg, change, {"spm_sample": 100, "vocab_size": 110, "train_lines": 200}[change])
     second = prepare(cfg)
     assert second != first and (second / "meta.json").is_file()
-    if change in ("corpus file", "same size and time"):
+    if change == "corpus file":
         assert load_corpus(cfg)["val"][0]["tgt"] == split_text(second, "val")
+
+
+def test_a_copy_with_its_times_kept_is_the_same_corpus(tmp_path):
+    """Staged again as rsync -a or cp -a would (another inode, a new status-change time, the
+    same text, size and modification time), a corpus reuses its prepared folder."""
+    cfg = _local_layout(tmp_path / "data", write_corpus(tmp_path))
+    first = prepare(cfg)
+    corpus = tmp_path / "data" / "toy"
+    shutil.copytree(corpus, tmp_path / "staged", copy_function=shutil.copy2)
+    shutil.rmtree(corpus)
+    (tmp_path / "staged").rename(corpus)
+    assert prepare(cfg) == first
 
 
 def _hub_folder(folder: Path, files: dict) -> Path:
@@ -231,18 +235,28 @@ def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):
     assert json.loads((folders[True] / "meta.json").read_text())["pairs"]["train"] == 300
 
 
-def test_a_stream_changed_since_it_was_prepared_is_not_scored_against_its_old_ids(tmp_path):
-    """A stream's cache key is its name and version: a dataset revised under the same name
-    kept its prepared ids, and training scored validation BLEU of the old ids' sources against
-    the new references. Training now checks the references against what was prepared."""
-    hub = _hub_folder(tmp_path / "hub", write_corpus(tmp_path))
-    cfg = DataConfig(data_dir=str(tmp_path / "data"), hub_dataset=str(hub), hub_streaming=True,
-                     vocab_size=120)
+@pytest.mark.parametrize("source", ["stream", "file"])
+def test_a_text_changed_unseen_by_the_cache_is_not_scored_against_its_old_ids(tmp_path, source):
+    """A stream's cache key is its name and version, a file's its size and modification
+    time: a dataset revised under the same name, or a file replaced by another of the same
+    size and time (`tac val.en > x; touch -r val.en x; mv x val.en`), kept the prepared ids,
+    and training scored validation BLEU of the old ids' sources against the new references.
+    Training now checks the references against what was prepared."""
+    files = write_corpus(tmp_path)
+    if source == "stream":
+        hub = _hub_folder(tmp_path / "hub", files)
+        cfg = DataConfig(data_dir=str(tmp_path / "data"), hub_dataset=str(hub),
+                         hub_streaming=True, vocab_size=120)
+        validation = hub / "validation.jsonl"
+    else:
+        cfg = _local_layout(tmp_path / "data", files)
+        validation = tmp_path / "data" / "toy" / "val.en"
     folder = prepare(cfg)
     check_prepared_targets(folder, "val", load_corpus(cfg)["val"]["tgt"])  # as prepared: passes
-    validation = hub / "validation.jsonl"
+    before = validation.stat()
     rows = validation.read_text(encoding="utf-8").splitlines(keepends=True)
     validation.write_text("".join(reversed(rows)), encoding="utf-8")  # same size, same name
+    os.utime(validation, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert prepare(cfg) == folder  # the cache cannot see it ...
     with pytest.raises(NMTError, match=r"the val split's text changed since it was prepared in "
                        rf"{re.escape(str(folder))}: delete that folder"):
@@ -516,14 +530,24 @@ def test_a_hub_translation_column_without_the_pair_is_one_line():
     stream._info.features = None
     with pytest.raises(NMTError, match="holds de, en"):
         _hub_pairs(stream, "en", "cs", "wmt14")
+    variable = datasets.Dataset.from_dict(
+        {"translation": [{"language": ["de", "en"], "translation": ["Hallo", "Hello"]}]},
+        features=datasets.Features({"translation": datasets.TranslationVariableLanguages(["de", "en"])}))
+    with pytest.raises(NMTError, match="'wmt' holds its translations with variable languages"):
+        _hub_pairs(variable, "de", "en", "wmt")
 
 
 def test_a_hub_row_missing_a_side_is_an_empty_line_and_other_values_an_error():
     """A null translation was a TypeError traceback from SentencePiece."""
     import datasets
 
+    from nmt.data.corpus import _hub_pairs
+
     rows = {"src": ["a", "b", None], "tgt": [None, "c", "d"]}
     assert list(read_pairs(datasets.Dataset.from_dict(rows))) == [(["a", "b", ""], ["", "c", "d"])]
+    translations = datasets.Dataset.from_dict({"translation": [{"de": "a", "en": None}, None]})
+    pairs = _hub_pairs(translations, "de", "en", "wmt")  # a row's whole translation null
+    assert list(read_pairs(pairs)) == [(["a", ""], ["", ""])]
     numbers = datasets.Dataset.from_dict({"src": ["a", "b"], "tgt": [[1], [2]]})
     with pytest.raises(NMTError, match=r"row 1 of a Hub split holds \[1\] as its target, not text"):
         list(read_pairs(numbers))

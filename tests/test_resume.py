@@ -585,3 +585,19 @@ def test_a_moved_project_resumes_from_its_new_place(corpus, tmp_path, monkeypatc
     assert main(command) == 0
     segments = json.loads(Path("run/train_stats.json").read_text())["segments"]
     assert [s["from_step"] for s in segments] == [0, 2]
+
+
+def test_the_learning_curve_reads_a_runs_segments_in_their_order(tmp_path):
+    """scripts/learning_curve.py sorted logs/version_10 before version_2: a run resumed ten
+    times drew its curve back in time."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("learning_curve", REPO / "scripts/learning_curve.py")
+    learning_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(learning_curve)
+    for version in range(12):
+        log = tmp_path / "logs" / f"version_{version}" / "metrics.csv"
+        log.parent.mkdir(parents=True)
+        log.write_text(f"epoch,step,val_bleu,wall_minutes\n{version},{version},{version}.0,{version}.5\n")
+    minutes, bleu = learning_curve.curve(tmp_path)
+    assert minutes == [v + 0.5 for v in range(12)] and bleu == [float(v) for v in range(12)]

@@ -421,7 +421,8 @@ def test_serve_weights_that_do_not_load_are_one_line_before_start(runs, capsys, 
 
 def test_serve_refuses_a_weights_path_for_several_runs(runs, capsys, monkeypatch):
     """Each run served the one file named (its folder part found it outside every run); a
-    path inside each run (steps/..., ./best.ckpt) is each run's own file."""
+    name inside each run (best.ckpt, steps/...) is each run's own file, ./best.ckpt the
+    current folder's, as in a shell."""
     import litserve
 
     _, paths, _ = runs
@@ -434,7 +435,12 @@ def test_serve_refuses_a_weights_path_for_several_runs(runs, capsys, monkeypatch
     assert err.count("\n") == 1
     monkeypatch.setattr(litserve.LitServer, "run", lambda self, **options: None)
     assert main(["serve", *free_port_option(), "--checkpoint", *map(str, paths),
-                 "--weights", f"./{weights.name}"]) == 0
+                 "--weights", weights.name]) == 0
+    monkeypatch.chdir(paths[0].parent)  # no best.ckpt here
+    assert main(["serve", *free_port_option(), "--checkpoint", *map(str, paths),
+                 "--weights", f"./{weights.name}"]) == 1
+    assert f"weights file not found: ./{weights.name} ({paths[0].parent / weights.name})" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("host, url", [("127.0.0.1", "http://127.0.0.1:{}/"),

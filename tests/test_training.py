@@ -138,3 +138,16 @@ def test_training_passes_on_none_of_lightnings_noise(tmp_path, monkeypatch, sile
                hasattr(lightning.pytorch.loggers, "LitLogger")]
     assert heard == [not silenced and exists for exists in emitted]
     assert any(m.startswith("GPU available") for m in logged)  # Lightning's other news stays
+
+
+def test_a_run_resumed_without_early_stopping_or_kept_checkpoints_says_nothing_of_them(tmp_path):
+    """Turning early stopping and checkpoint keeping off between segments is allowed
+    (RESUMABLE_CHANGES); Lightning still asked the user to add those callbacks back."""
+    files = write_corpus(tmp_path)
+    args = tiny_train_args(files, tmp_path / "run", tmp_path / "data", epochs=1)
+    assert main(args) == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data", epochs=2),
+                     "trainer.early_stopping_patience=0", "trainer.keep_last_checkpoints=0"]) == 0
+    assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]

@@ -105,8 +105,10 @@ def add_bench_attention(what: argparse._SubParsersAction) -> None:
     bench_attention.add_argument("--plot", default="results/bench_attention.png",
                                  help="log-log plot of time against length")
     bench_attention.add_argument("--memory-limit-mb", type=positive_int, default=None,
-                                 help="the most each point may allocate (Linux); a point that "
-                                 "needs more ends its scorer's rows, not the machine's memory")
+                                 help="the most memory each point may allocate beyond what its "
+                                 "process holds at its start (its data segment, Linux; not the "
+                                 "peak RSS of peak_mb); a point that needs more ends its "
+                                 "scorer's rows, not the machine's memory")
 
 def cmd_bench_attention(args: argparse.Namespace) -> None:
     # The bench times lengths 16, 32, 64, ... up to --max-len; a growth exponent needs two.
@@ -124,8 +126,11 @@ def cmd_bench_attention(args: argparse.Namespace) -> None:
         if "error" in row:
             print(f"{row['scorer']}: {row['error']} at length {row['length']}; longer lengths "
                   "not tried")
-    print_table([{"scorer": k, "time_exponent": v["time"], "memory_exponent": v["memory"]}
-                 for k, v in summary["exponents"].items()])
+    if summary["exponents"]:
+        print_table([{"scorer": k, "time_exponent": v["time"], "memory_exponent": v["memory"]}
+                     for k, v in summary["exponents"].items()])
+    else:
+        print("no scorer has two lengths measured: no growth exponents")
     if any(v["memory"] is None for v in summary["exponents"].values()):
         print(f"peak_mb is the rise of the process's peak RSS, which the allocator's reuse keeps at "
               f"or near 0 for small tensors; a memory exponent needs peaks of "

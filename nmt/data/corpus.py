@@ -248,17 +248,18 @@ def _dataset_chunks(split: datasets.Dataset | datasets.IterableDataset
 
 
 def source_identity(source: Source) -> list:
-    """What identifies a split's content for the cache: each file's path, size, modification
-    and status-change times and inode (an edit that keeps the size and modification time, as
-    ``cp -p`` or ``touch -r`` can, changes the last two), a Hub dataset's fingerprint, or a
-    stream's name and version."""
+    """What identifies a split's content for the cache: each file's path, size and
+    modification time (not its inode or status-change time: a copy staged with ``rsync -a``
+    is the same corpus), a Hub dataset's fingerprint, or a stream's name and version. What
+    that cannot see (another text of the same size and time, a stream revised under its
+    name) ``nmt.data.prepare.check_prepared_targets`` finds in the validation references."""
     if isinstance(source, datasets.Dataset):
         return [source._fingerprint]
     if isinstance(source, HubStream):
         info = source.rows.info
         return [f"stream {source.name} {source.config} {source.split} {info.version} {info.dataset_size}"]
     stats = [(Path(p).resolve(), Path(p).stat()) for p in source]
-    return [(str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for path, st in stats]
+    return [(str(path), st.st_size, st.st_mtime_ns) for path, st in stats]
 
 
 def _named_files(cfg: DataConfig, needed: tuple[str, ...]) -> dict[str, Source]:
@@ -350,21 +351,26 @@ def _hub_pairs(split, src: str, tgt: str, name: str):
     if src in columns and tgt in columns:
         return split.select_columns([src, tgt]).rename_columns({src: "src", tgt: "tgt"})
     if "translation" in columns:
-        languages = _translation_languages(split)
+        languages = _translation_languages(split, name)
         if src not in languages or tgt not in languages:
             raise NMTError(f"Hub dataset '{name}' has no translations between {src} and {tgt}: "
                            f"its translation column holds {', '.join(languages)}")
         return split.map(
-            lambda row: {"src": row["translation"][src], "tgt": row["translation"][tgt]},
+            lambda row: {side: (row["translation"] or {}).get(lang)  # null: an empty line
+                         for side, lang in (("src", src), ("tgt", tgt))},
             remove_columns=columns,
         )
     raise NMTError(f"Hub dataset '{name}' has no columns for {src} and {tgt}: {columns}")
 
 
-def _translation_languages(split) -> list[str]:
+def _translation_languages(split, name: str) -> list[str]:
     """The languages of a Hub split's ``translation`` column: a ``Translation`` feature's, a
     struct's keys, or (a stream that declares no features) its first row's."""
     feature = (split.features or {}).get("translation")
+    if isinstance(feature, datasets.TranslationVariableLanguages):
+        raise NMTError(f"Hub dataset '{name}' holds its translations with variable languages "
+                       "(a language list a row), which is not read: give one with a column per "
+                       "language, or a translation dict a row")
     if feature is None:
-        return sorted(next(iter(split))["translation"])
+        return sorted(next(iter(split))["translation"] or {})
     return list(getattr(feature, "languages", None) or feature)

@@ -7,12 +7,16 @@ training memory-maps (its memory does not grow with the corpus).
 * ``spm.model``: the joint SentencePiece model;
 * ``<split>.<lang>.ids``: every sentence's piece ids end to end (dtype in ``meta.json``);
 * ``<split>.<lang>.lengths.npy``: pieces per sentence (int32), whose running sum gives offsets;
-* ``meta.json``, written last: a folder without it is incomplete.
+* ``meta.json``, written last (a folder without it is incomplete): the id type, each split's
+  pairs, the vocabulary size, and a sha1 of each split's target text (``target_sha1``), which
+  training checks the validation references against.
 
 The key hashes everything the result depends on: each input file's path, size and modification
 time (or the Hub dataset's fingerprint), the language pair, ``train_lines``, ``vocab_size`` and
 ``spm_sample``. Change any of them and a new folder is prepared; the same inputs reuse it. Both
-directions of a pair share one folder (the ids are stored per language).
+directions of a pair share one folder (the ids are stored per language). What the key cannot
+see (another text of the same size and time) ``check_prepared_targets`` finds in the
+validation references.
 """
 
 from __future__ import annotations
