@@ -21,6 +21,7 @@ from sacrebleu.metrics import BLEU
 
 from nmt.attention_stats import attention_statistics, teacher_forced_weights
 from nmt.data.batching import PairDataset, decoding_loader
+from nmt.data.corpus import test_set_name
 from nmt.data.prepare import lines_sha1
 from nmt.errors import NMTError
 from nmt.evaluate import best_translations, split_pairs
@@ -77,6 +78,7 @@ def _values_readable(record: dict) -> bool:
     segments = record["train"].get("segments") or []
     sizes = ("d_model", "heads") if model.get("family") == "transformer" else ("hidden_size",)
     return (all(type(model.get(size)) is int and model[size] > 0 for size in sizes)
+            and isinstance(record.get("test_set", ""), str)
             and all(isinstance(provenance[key], (str, type(None))) for key in RECORD_KEYS["provenance"])
             and isinstance(segments, list) and all(isinstance(s, dict) and {"code", "from_step", "device"}
                                                    <= s.keys() for s in segments)
@@ -118,6 +120,7 @@ def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
                    "beam": cfg.beam},
         # the report pairs its translations with the references only where they are still these
         "references_sha1": lines_sha1(references),
+        "test_set": test_set_name(translator.config.data),  # the tables' footnote names it
         "train": json.loads((run_dir / "train_stats.json").read_text()),
         "decode_sent_per_s": round(len(sources) / seconds, 1),
         "weights": translator.checkpoint.name,  # best.ckpt, or averaged.ckpt where training chose it

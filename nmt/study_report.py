@@ -23,7 +23,7 @@ from scipy.stats import ttest_rel
 
 from nmt.compare import Cell, CompareConfig, cell_key, cell_overrides, cells_of, scored_as_asked
 from nmt.config import DataConfig, load_config
-from nmt.data.corpus import hub_name, load_corpus, local_sources
+from nmt.data.corpus import load_corpus, test_set_name
 from nmt.data.prepare import lines_sha1
 from nmt.errors import NMTError
 from nmt.files import write_atomic
@@ -109,13 +109,6 @@ def test_references(cfg: CompareConfig, preset: str, extra: list[str]
 def cell_data(cfg: CompareConfig, preset: str, cell: Cell, extra: list[str]) -> DataConfig:
     """The data section of a cell's configuration (its corpus, pair and test set)."""
     return load_config(cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra)).data
-
-
-def test_set_name(data: DataConfig) -> str:
-    """A cell's test set as the tables' footnote names it: its reference file, or the Hub
-    dataset whose test split it is."""
-    local = local_sources(data, needed=("test",))
-    return f"the test split of {hub_name(data)}" if local is None else Path(local["test"][1]).name
 
 
 def _mean(values: list[float], digits: int = 2) -> float | None:
@@ -259,7 +252,9 @@ def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | 
     first = next(iter(records.values()))
     p_boot = bootstrap_p_values(cfg, records, test_references(cfg, preset, extra or []))
     rows = summarise(cfg, records, p_boot)
-    test_sets = sorted({test_set_name(cell_data(cfg, preset, cell, extra or [])) for cell in records})
+    # as each cell was scored (records from before this was kept: as its config names it now)
+    test_sets = sorted({record.get("test_set") or test_set_name(cell_data(cfg, preset, cell, extra or []))
+                        for cell, record in records.items()})
     table = markdown(rows, first["scores"]["bleu_signature"], test_sets)
     if (out / "cost.json").is_file():
         table += "\n" + cost_table(out / "cost.json", rows)

@@ -335,8 +335,9 @@ def check_optim_config(optim: OptimConfig) -> None:
     if not 0 <= optim.min_lr < math.inf:
         raise NMTError(f"optim.min_lr must be 0 or more, got {optim.min_lr}")
     if optim.schedule in ("cosine", "plateau") and optim.min_lr > optim.lr:
-        raise NMTError(f"optim.min_lr {optim.min_lr} is above optim.lr {optim.lr}: the {optim.schedule} "
-                       "schedule would rise to it, not decay; give a floor below the peak")
+        effect = "rise to it" if optim.schedule == "cosine" else "never lower the rate"
+        raise NMTError(f"optim.min_lr {optim.min_lr} is above optim.lr {optim.lr}: the "
+                       f"{optim.schedule} schedule would {effect}; give a floor below the peak")
     if not 0 <= optim.weight_decay < math.inf:
         raise NMTError(f"optim.weight_decay must be 0 or more, got {optim.weight_decay}")
     if not 0 < optim.plateau_factor < 1 or optim.plateau_patience < 0:
@@ -360,6 +361,18 @@ def check_optim_config(optim: OptimConfig) -> None:
 TRAINING_PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16")
 
 
+def _validation_interval_valid(interval) -> bool:
+    """A number of batches (1 or more), a fraction of an epoch in (0, 1], or a time (Lightning
+    parses it) that is not zero. Not a boolean: Lightning reads true as 1 batch."""
+    if isinstance(interval, bool):
+        return False
+    if isinstance(interval, int):
+        return interval >= 1
+    if isinstance(interval, float):
+        return 0 < interval <= 1
+    return not (isinstance(interval, str) and re.fullmatch("[0:]+", interval))
+
+
 def check_trainer_config(config: Config) -> None:
     """Budgets, validation cadence, early stopping and the metric that picks best.ckpt."""
     t = config.trainer
@@ -370,12 +383,10 @@ def check_trainer_config(config: Config) -> None:
     if t.early_stopping_patience < 0:
         raise NMTError(f"trainer.early_stopping_patience {t.early_stopping_patience}: "
                        "give the validations to wait, or 0 to train to the end of the budget")
-    interval = t.val_check_interval  # a number here; a time ("00:00:30:00") is Lightning's
-    if isinstance(interval, bool) or (isinstance(interval, (int, float)) and not (
-            interval >= 1 if isinstance(interval, int) else 0 < interval <= 1)) or (
-            isinstance(interval, str) and re.fullmatch("[0:]+", interval)):  # true: 1 batch
-        raise NMTError(f"trainer.val_check_interval {interval}: give a number of batches (1 or "
-                       "more), a fraction of an epoch in (0, 1], or a time DD:HH:MM:SS above 0")
+    if not _validation_interval_valid(t.val_check_interval):
+        raise NMTError(f"trainer.val_check_interval {t.val_check_interval}: give a number of "
+                       "batches (1 or more), a fraction of an epoch in (0, 1], or a time "
+                       "DD:HH:MM:SS above 0")
     if t.log_every_n_steps < 0:
         raise NMTError(f"trainer.log_every_n_steps must be 0 or more, got {t.log_every_n_steps}")
     if t.max_epochs == 0 or t.max_steps == 0:

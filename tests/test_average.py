@@ -166,9 +166,11 @@ def test_weights_from_here_are_never_the_runs_file_of_that_name(tmp_path, monkey
     assert find_checkpoint(run, "../averaged.ckpt") == Path("../averaged.ckpt")  # here's
     (run / "only.ckpt").write_bytes(b"")
     with pytest.raises(NMTError, match=re.escape(
-            f"weights file not found: ./only.ckpt ({here / 'deeper' / 'only.ckpt'}); only.ckpt "
-            "(without ./) is the run's")):
+            f"weights file not found: ./only.ckpt ({here / 'deeper' / 'only.ckpt'}); "
+            f"{run / 'only.ckpt'} exists: give only.ckpt for it")):
         find_checkpoint(run, "./only.ckpt")  # not the run's
+    with pytest.raises(NMTError, match=r"\(.*none.ckpt\)$"):  # no hint to a file not there
+        find_checkpoint(run, "./none.ckpt")
 
 
 def test_a_run_past_its_best_validation_ends_with_averaged_weights(tmp_path, capsys):

@@ -326,7 +326,7 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatc
     (["train", "--config", "configs/transformer.yaml", "optim.lr=0.001", "optim.min_lr=0.01"],
      "optim.min_lr 0.01 is above optim.lr 0.001: the cosine schedule would rise to it"),
     (["train", "--config", "configs/rnn_bahdanau.yaml", "optim.schedule=plateau",
-      "optim.lr=1e-7"], "optim.min_lr 1e-06 is above optim.lr 1e-07: the plateau schedule"),
+      "optim.lr=1e-7"], "optim.min_lr 1e-06 is above optim.lr 1e-07: the plateau schedule would never lower"),
     # both validated after every batch; a negative interval logged every step
     (["train", "--config", "configs/transformer.yaml", "trainer.val_check_interval=true"],
      "trainer.val_check_interval True: give a number of batches"),

@@ -99,6 +99,7 @@ def test_compare_writes_records_tables_and_figures(study):
     table = (a / "compare.md").read_text()
     assert "### main" in table and "### heads" in table and "| rnn | dot | base |" in table
     assert f"`, {Path(files['test'][1]).name}, beam search." in table  # not "test2016"
+    assert record["test_set"] == Path(files["test"][1]).name  # as scored: the footnote reads it
     # Each cell was trained in one segment, from step 0, by the code of this checkout.
     assert record["train"]["segments"][0]["from_step"] == 0
     commit = (code_commit() or "unknown")[:7]
@@ -367,7 +368,7 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
         {"config": {**fields["config"], "model": {"family": "rnn"}}},
         {"pictures": [{**fields["pictures"][0], "cross": "x"}]},
         {"train": {**fields["train"], "segments": ["x"]}},
-        {"attention_stats": {"cross": {"entropy": "x"}}})]
+        {"attention_stats": {"cross": {"entropy": "x"}}}, {"test_set": 5})]
     refused(record, (b'{"key": ', b"[1, 2]", b"\xff\xfe", no_scores, no_train, no_bleu,
                      *hand_edited), "is not a cell's record")
     cost = out / "a" / "cost.json"

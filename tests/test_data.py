@@ -520,7 +520,7 @@ def test_a_hub_translation_column_without_the_pair_is_one_line():
     """A KeyError traceback from inside datasets' map, for a language wmt14's de-en lacks."""
     import datasets
 
-    from nmt.data.corpus import _hub_pairs
+    from nmt.data.corpus import HubStream, _hub_pairs
 
     split = datasets.Dataset.from_dict({"translation": [{"de": "Hallo", "en": "Hello"}]})
     with pytest.raises(NMTError, match="'wmt14' has no translations between fr and en: its "
@@ -530,6 +530,12 @@ def test_a_hub_translation_column_without_the_pair_is_one_line():
     stream._info.features = None
     with pytest.raises(NMTError, match="holds de, en"):
         _hub_pairs(stream, "en", "cs", "wmt14")
+    # ... that holds a translation (a null one, an empty line, named no language)
+    nulls = datasets.Dataset.from_dict({"translation": [None, {"de": "Hallo", "en": "Hello"}]})
+    stream = nulls.to_iterable_dataset()
+    stream._info.features = None
+    pairs = HubStream("wmt14", None, "train", _hub_pairs(stream, "de", "en", "wmt14"))
+    assert list(read_pairs(pairs)) == [(["", "Hallo"], ["", "Hello"])]
     variable = datasets.Dataset.from_dict(
         {"translation": [{"language": ["de", "en"], "translation": ["Hallo", "Hello"]}]},
         features=datasets.Features({"translation": datasets.TranslationVariableLanguages(["de", "en"])}))
@@ -604,8 +610,11 @@ def test_under_ddp_only_local_rank_0_prepares(tmp_path, monkeypatch):
             f"print(prepare(DataConfig(**{options!r})))")
     waiting = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "LOCAL_RANK": "1"},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    folder = prepare(DataConfig(**options))  # rank 0
-    out, err = waiting.communicate(timeout=60)
+    try:
+        folder = prepare(DataConfig(**options))  # rank 0
+        out, err = waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()  # a rank left waiting would wait for hours
     assert waiting.returncode == 0 and Path(out.strip()) == folder
     assert "preparing" not in err
 

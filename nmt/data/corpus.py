@@ -95,6 +95,15 @@ def local_sources(cfg: DataConfig, needed: tuple[str, ...] = SPLITS) -> dict[str
     return None
 
 
+def test_set_name(cfg: DataConfig) -> str:
+    """The test split's name as a report gives it: its reference file's name, or the Hub
+    dataset (and configuration) whose test split it is."""
+    local = local_sources(cfg, needed=("test",))
+    if local is None:
+        return f"the test split of {' '.join(filter(None, (hub_name(cfg), cfg.hub_config)))}"
+    return Path(local["test"][1]).name if "test" in local else f"no test split of {cfg.corpus}"
+
+
 def read_pairs(source: Source, limit: int | None = None) -> Iterator[tuple[list[str], list[str]]]:
     """Aligned chunks (sources, targets) of a split, at most ``limit`` pairs in all."""
     if isinstance(source, HubStream):
@@ -252,7 +261,8 @@ def source_identity(source: Source) -> list:
     modification time (not its inode or status-change time: a copy staged with ``rsync -a``
     is the same corpus), a Hub dataset's fingerprint, or a stream's name and version. What
     that cannot see (another text of the same size and time, a stream revised under its
-    name) ``nmt.data.prepare.check_prepared_targets`` finds in the validation references."""
+    name) ``nmt.data.prepare.check_prepared_targets`` finds in the validation references,
+    not in the training split."""
     if isinstance(source, datasets.Dataset):
         return [source._fingerprint]
     if isinstance(source, HubStream):
@@ -371,6 +381,7 @@ def _translation_languages(split, name: str) -> list[str]:
         raise NMTError(f"Hub dataset '{name}' holds its translations with variable languages "
                        "(a language list a row), which is not read: give one with a column per "
                        "language, or a translation dict a row")
-    if feature is None:
-        return sorted(next(iter(split))["translation"] or {})
+    if feature is None:  # the first row that holds one (a null translation is an empty line)
+        return sorted(next((row["translation"] for row in itertools.islice(split, 1000)
+                            if row["translation"]), {}))
     return list(getattr(feature, "languages", None) or feature)

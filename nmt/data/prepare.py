@@ -16,7 +16,7 @@ time (or the Hub dataset's fingerprint), the language pair, ``train_lines``, ``v
 ``spm_sample``. Change any of them and a new folder is prepared; the same inputs reuse it. Both
 directions of a pair share one folder (the ids are stored per language). What the key cannot
 see (another text of the same size and time) ``check_prepared_targets`` finds in the
-validation references.
+validation references; in the training split it goes unseen.
 """
 
 from __future__ import annotations
