@@ -180,6 +180,7 @@ def test_a_run_past_its_best_validation_ends_with_averaged_weights(tmp_path, cap
     files = write_corpus(tmp_path)
     run = tmp_path / "run"
     assert main([*tiny_train_args(files, run, tmp_path / "data", epochs=4), "optim.lr=1e-12",
+                 "optim.min_lr=0",  # below the rate: frozen, not a rising schedule
                  "trainer.best_metric=val_bleu", "trainer.keep_last_checkpoints=2",
                  "trainer.early_stopping_patience=0"]) == 0
     assert "translate and evaluate use averaged.ckpt: best.ckpt (update" in capsys.readouterr().out

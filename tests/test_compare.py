@@ -20,7 +20,7 @@ from nmt.cli import main
 from nmt.plots import draw_attention
 from nmt.provenance import code_commit
 
-from .conftest import REPO, write_corpus
+from .conftest import REPO, tiny_train_args, write_corpus
 
 TINY_RNN = ["model.emb_dim=16", "model.hidden_size=32", "model.attention_dim=32"]
 TINY_TRANSFORMER = ["model.d_model=32", "model.heads=2", "model.ff_dim=64",
@@ -581,8 +581,7 @@ def test_cells_that_differ_in_their_variant_alone_are_told_apart_in_the_figures(
                                              "dot (wide) mean"]
 
 
-def test_a_record_stopped_between_its_two_files_leaves_the_cell_undone(study, tmp_path,
-                                                                       monkeypatch):
+def test_a_record_stopped_between_its_two_files_leaves_the_cell_undone(tmp_path, monkeypatch):
     """Recording a cell again wrote its new translations, then its record: stopped between
     the two, the cell stood done with the earlier record's scores beside other translations."""
     from types import SimpleNamespace
@@ -590,11 +589,12 @@ def test_a_record_stopped_between_its_two_files_leaves_the_cell_undone(study, tm
     from nmt import study_cell
     from nmt.compare import Cell
 
-    _, out, _, folder = study
-    cell = Cell("main", "rnn", "additive", "base", 1)
-    record_dir = tmp_path / cell.name
-    shutil.copytree(out / "a" / "cells" / cell.name, record_dir)
-    assert (record_dir / study_cell.RECORD).is_file()
+    files = write_corpus(tmp_path)
+    run_dir = tmp_path / "run"
+    assert main(tiny_train_args(files, run_dir, tmp_path / "data", epochs=1)) == 0
+    record_dir = tmp_path / "cell"
+    record_dir.mkdir()
+    (record_dir / study_cell.RECORD).write_text("{}\n")  # an earlier recording's
     written = study_cell.write_atomic
 
     def stopped_before_the_record(path, text):
@@ -604,7 +604,8 @@ def test_a_record_stopped_between_its_two_files_leaves_the_cell_undone(study, tm
 
     monkeypatch.setattr(study_cell, "write_atomic", stopped_before_the_record)
     with pytest.raises(KeyboardInterrupt):
-        study_cell.finish_cell(SimpleNamespace(beam=1, plot_sentences=[]), "a", cell, "key", {},
-                               next((folder / "runs" / "a").glob(f"{cell.name}-*")), record_dir)
+        study_cell.finish_cell(SimpleNamespace(beam=1, plot_sentences=[]), "a",
+                               Cell("main", "rnn", "additive", "base", 1), "key", {}, run_dir,
+                               record_dir)
     assert (record_dir / study_cell.HYPOTHESES).is_file()
     assert not (record_dir / study_cell.RECORD).exists()  # not done: compare records it again

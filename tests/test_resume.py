@@ -469,6 +469,7 @@ def test_a_moved_run_resumes_with_its_record_of_best_and_kept_checkpoints(corpus
     Moved to another folder and resumed, the run keeps it (Lightning had dropped the record
     of a moved folder, and its first validation replaced best.ckpt) and keeps only its last 2."""
     options = ["trainer.val_check_interval=1", "trainer.keep_last_checkpoints=2", "optim.lr=1e-12",
+               "optim.min_lr=0",  # below the rate: frozen, not a rising schedule
                "trainer.best_metric=val_bleu", "trainer.early_stopping_patience=0"]
     first, moved = tmp_path / "first", tmp_path / "moved"
     assert main(args(corpus, first, "trainer.max_steps=3", *options)) == 0

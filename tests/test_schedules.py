@@ -162,6 +162,7 @@ def test_early_stopping_waits_its_patience_and_0_trains_to_the_budget(tmp_path, 
     files = write_corpus(tmp_path)
     run = tmp_path / "run"
     assert main([*tiny_train_args(files, run, tmp_path / "data", epochs=4), "optim.lr=1e-12",
+                 "optim.min_lr=0",  # below the rate: frozen, not a rising schedule
                  "trainer.best_metric=val_bleu", f"trainer.early_stopping_patience={patience}"]) == 0
     assert json.loads((run / "train_stats.json").read_text())["epochs"] == epochs
 
@@ -322,6 +323,7 @@ def test_an_early_stopped_run_stays_stopped_until_its_patience_is_raised(tmp_pat
     files = write_corpus(tmp_path)
     run = tmp_path / "run"
     args = [*tiny_train_args(files, run, tmp_path / "data", epochs=6), "optim.lr=1e-12",
+            "optim.min_lr=0",  # below the rate: frozen, not a rising schedule
             "trainer.best_metric=val_bleu"]
 
     def epochs() -> float:
