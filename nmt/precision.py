@@ -255,12 +255,15 @@ def decoding_precision(config, model: torch.nn.Module, device_type: str,
     batch = max(1, config.data.eval_max_tokens // TYPICAL_SOURCE_PIECES)
     sentences = min(sentences or batch, batch)
     beam = config.decoding.beam_size
-    probe = (f"decoding {json.dumps(config.model, sort_keys=True)} vocab {config.data.vocab_size} "
+    # the model's shape keys the answer; its dropout rates do not (decoding does not drop out)
+    shape = {key: value for key, value in config.model.items() if "dropout" not in key}
+    probe = (f"decoding {json.dumps(shape, sort_keys=True)} vocab {config.data.vocab_size} "
              f"{sentences}x{beam}")
 
     def choose() -> PrecisionChoice:
         return choose_by_probe(probe, lambda: time_decoding(model, sentences, beam),
-                               f"bf16 decoding of {sentences} sentences x beam {beam}")
+                               f"bf16 decoding of {sentences} sentence{'s' * (sentences != 1)} "
+                               f"x beam {beam}")
 
     choice = resolve_precision(precision, choose, "cuda" if device_type == "cuda" else "cpu")
     if choice.measured:  # what the wait was for; later runs read the cache quietly

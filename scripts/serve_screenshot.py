@@ -27,7 +27,11 @@ def main() -> int:
     if chromium is None:
         print("error: needs Chromium (apt-get install chromium)", file=sys.stderr)
         return 1
-    from playwright.sync_api import sync_playwright
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        print('error: needs Playwright (pip install -e ".[browser]")', file=sys.stderr)
+        return 1
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])

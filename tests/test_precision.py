@@ -165,6 +165,12 @@ def test_decoding_precision(cache, monkeypatch, trainer, decoding, given, bf16_t
         chunk = precision.decoding_precision(config, None, "cpu", sentences=10_000)  # translate's
         batch = 800 // precision.TYPICAL_SOURCE_PIECES  # chunk is decoded in batches of that
         assert f"decoding of {batch} sentences x beam 4" in chunk.reason and len(probes) == 2
+        # another dropout is the same model to decode: the answer cached (measured again before)
+        config.model["dropout"] = 0.3
+        assert precision.decoding_precision(config, None, "cpu").precision == chosen
+        assert len(probes) == 2
+        one = precision.decoding_precision(config, None, "cpu", sentences=1)
+        assert "decoding of 1 sentence x beam 4" in one.reason
     else:
         assert not probes
 
