@@ -255,9 +255,9 @@ def decoding_precision(config, model: torch.nn.Module, device_type: str,
     batch = max(1, config.data.eval_max_tokens // TYPICAL_SOURCE_PIECES)
     sentences = min(sentences or batch, batch)
     beam = config.decoding.beam_size
-    # the model's shape keys the answer; its dropout rates do not (decoding does not drop out)
-    shape = {key: value for key, value in config.model.items() if "dropout" not in key}
-    probe = (f"decoding {json.dumps(shape, sort_keys=True)} vocab {config.data.vocab_size} "
+    # every model option keys the answer but its dropout rates (decoding does not drop out)
+    model_options = {key: value for key, value in config.model.items() if "dropout" not in key}
+    probe = (f"decoding {json.dumps(model_options, sort_keys=True)} vocab {config.data.vocab_size} "
              f"{sentences}x{beam}")
 
     def choose() -> PrecisionChoice:

@@ -23,9 +23,10 @@ from scipy.stats import ttest_rel
 
 from nmt.compare import Cell, CompareConfig, cell_key, cell_overrides, cells_of, scored_as_asked
 from nmt.config import DataConfig, load_config
-from nmt.data.corpus import load_corpus, test_set_name
+from nmt.data.corpus import test_set_name
 from nmt.data.prepare import lines_sha1
 from nmt.errors import NMTError
+from nmt.evaluate import split_pairs
 from nmt.files import write_atomic
 from nmt.study_cell import read_hypotheses, read_record
 from nmt.study_cost import cost_markdown
@@ -91,7 +92,7 @@ def test_references(cfg: CompareConfig, preset: str, extra: list[str]
         data = cell_data(cfg, preset, cell, extra)
         name = json.dumps(asdict(data), sort_keys=True)
         if name not in corpora:
-            corpora[name] = list(load_corpus(data, needed=("test",))["test"]["tgt"])
+            corpora[name] = split_pairs(data, "test")[1]  # one line where it has no test split
         refs = corpora[name]
         noted = record.get("references_sha1")
         then = record["scores"]["sentences"]

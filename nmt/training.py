@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import re
 import shutil
 import time
 from pathlib import Path
@@ -362,15 +361,25 @@ TRAINING_PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "bf16", "16-mixed"
 
 
 def _validation_interval_valid(interval) -> bool:
-    """A number of batches (1 or more), a fraction of an epoch in (0, 1], or a time (Lightning
-    parses it) that is not zero. Not a boolean: Lightning reads true as 1 batch."""
+    """A number of batches (1 or more), a fraction of an epoch in (0, 1], a time DD:HH:MM:SS
+    or a dict of timedelta's arguments above 0 (Lightning validates after every batch at a
+    time of 0 or less), or None (Lightning's default, once an epoch). Not a boolean:
+    Lightning reads true as 1 batch."""
     if isinstance(interval, bool):
         return False
     if isinstance(interval, int):
         return interval >= 1
     if isinstance(interval, float):
         return 0 < interval <= 1
-    return not (isinstance(interval, str) and re.fullmatch("[0:]+", interval))
+    if isinstance(interval, str):
+        fields = interval.split(":")
+        return len(fields) == 4 and all(f.isdecimal() for f in fields) and any(map(int, fields))
+    if isinstance(interval, dict):
+        try:
+            return datetime.timedelta(**interval).total_seconds() > 0
+        except TypeError:  # not timedelta's arguments
+            return False
+    return interval is None
 
 
 def check_trainer_config(config: Config) -> None:

@@ -122,9 +122,8 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool
             if path.is_file():
                 return path
         if tried == [given] and not given.is_absolute():  # ./x, ../x: the current folder's
-            in_run = str(weights)[2:] if str(weights).startswith(HERE) else None
-            hint = f"; {run_dir / in_run} exists: give {in_run} for it" \
-                if in_run and (run_dir / in_run).is_file() else ""
+            hint = f"; {run_dir / given} exists: give {given} for it" \
+                if str(weights).startswith(HERE) and (run_dir / given).is_file() else ""
             raise NMTError(f"weights file not found: {weights} ({given.resolve()}){hint}")
         raise NMTError(f"weights file not found: {' or '.join(map(str, tried))}")
     chosen = final_weights_of(run_dir)

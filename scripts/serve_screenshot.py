@@ -24,13 +24,15 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=1200)
     args = parser.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        print("error: needs Chromium (apt-get install chromium)", file=sys.stderr)
-        return 1
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        print('error: needs Playwright (pip install -e ".[browser]")', file=sys.stderr)
+        sync_playwright = None
+    missing = [what for what, there in (("Chromium (apt-get install chromium)", chromium),
+                                        ('Playwright (pip install -e ".[browser]")', sync_playwright))
+               if there is None]
+    if missing:
+        print(f"error: needs {' and '.join(missing)}", file=sys.stderr)
         return 1
 
     with sync_playwright() as playwright:

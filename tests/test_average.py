@@ -169,6 +169,8 @@ def test_weights_from_here_are_never_the_runs_file_of_that_name(tmp_path, monkey
             f"weights file not found: ./only.ckpt ({here / 'deeper' / 'only.ckpt'}); "
             f"{run / 'only.ckpt'} exists: give only.ckpt for it")):
         find_checkpoint(run, "./only.ckpt")  # not the run's
+    with pytest.raises(NMTError, match=re.escape(f"{run / 'only.ckpt'} exists: give only.ckpt")):
+        find_checkpoint(run, "././only.ckpt")
     with pytest.raises(NMTError, match=r"\(.*none.ckpt\)$"):  # no hint to a file not there
         find_checkpoint(run, "./none.ckpt")
 

@@ -536,6 +536,10 @@ def test_a_hub_translation_column_without_the_pair_is_one_line():
     stream._info.features = None
     pairs = HubStream("wmt14", None, "train", _hub_pairs(stream, "de", "en", "wmt14"))
     assert list(read_pairs(pairs)) == [(["", "Hallo"], ["", "Hello"])]
+    empty = datasets.Dataset.from_dict({"translation": [None] * 3}).to_iterable_dataset()
+    empty._info.features = None
+    with pytest.raises(NMTError, match="'wmt14' has no translation in the first 1000 rows"):
+        _hub_pairs(empty, "de", "en", "wmt14")
     variable = datasets.Dataset.from_dict(
         {"translation": [{"language": ["de", "en"], "translation": ["Hallo", "Hello"]}]},
         features=datasets.Features({"translation": datasets.TranslationVariableLanguages(["de", "en"])}))

@@ -97,11 +97,12 @@ def local_sources(cfg: DataConfig, needed: tuple[str, ...] = SPLITS) -> dict[str
 
 def test_set_name(cfg: DataConfig) -> str:
     """The test split's name as a report gives it: its reference file's name, or the Hub
-    dataset (and configuration) whose test split it is."""
+    dataset (and configuration) whose test split it is. For a corpus that has a test split
+    (what was scored on one)."""
     local = local_sources(cfg, needed=("test",))
     if local is None:
         return f"the test split of {' '.join(filter(None, (hub_name(cfg), cfg.hub_config)))}"
-    return Path(local["test"][1]).name if "test" in local else f"no test split of {cfg.corpus}"
+    return Path(local["test"][1]).name
 
 
 def read_pairs(source: Source, limit: int | None = None) -> Iterator[tuple[list[str], list[str]]]:
@@ -373,15 +374,25 @@ def _hub_pairs(split, src: str, tgt: str, name: str):
     raise NMTError(f"Hub dataset '{name}' has no columns for {src} and {tgt}: {columns}")
 
 
+# A stream that declares no features shows its languages in its rows: in the first that holds
+# a translation among this many (a null translation, an empty line, names none)
+LANGUAGE_ROWS = 1000
+
+
 def _translation_languages(split, name: str) -> list[str]:
     """The languages of a Hub split's ``translation`` column: a ``Translation`` feature's, a
-    struct's keys, or (a stream that declares no features) its first row's."""
+    struct's keys, or (a stream that declares no features) those of its first row that holds
+    a translation, among its first ``LANGUAGE_ROWS``."""
     feature = (split.features or {}).get("translation")
     if isinstance(feature, datasets.TranslationVariableLanguages):
         raise NMTError(f"Hub dataset '{name}' holds its translations with variable languages "
                        "(a language list a row), which is not read: give one with a column per "
                        "language, or a translation dict a row")
-    if feature is None:  # the first row that holds one (a null translation is an empty line)
-        return sorted(next((row["translation"] for row in itertools.islice(split, 1000)
-                            if row["translation"]), {}))
+    if feature is None:
+        first = next((row["translation"] for row in itertools.islice(split, LANGUAGE_ROWS)
+                      if row["translation"]), None)
+        if first is None:
+            raise NMTError(f"Hub dataset '{name}' has no translation in the first {LANGUAGE_ROWS} "
+                           "rows of its stream: no languages to read")
+        return sorted(first)
     return list(getattr(feature, "languages", None) or feature)
