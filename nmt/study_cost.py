@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nmt.bench import RSS_RESOLUTION_MB, scorer_exponents
+from nmt.bench_attention import RSS_RESOLUTION_MB, scorer_exponents
 from nmt.compare import CompareConfig, cell_overrides, cells_of
 from nmt.errors import NMTError
 from nmt.files import write_atomic

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nmt.attention import SCORERS
-from nmt.bench import _time_point, growth_exponent, scorer_exponents
+from nmt.bench_attention import _time_point, growth_exponent, scorer_exponents
 from nmt.cli import main
 from nmt.plots import check_picture_path
 from nmt.translator import Translator

@@ -114,7 +114,7 @@ def cmd_bench_attention(args: argparse.Namespace) -> None:
     # The bench times lengths 16, 32, 64, ... up to --max-len; a growth exponent needs two.
     if args.max_len < 32:
         raise NMTError(f"--max-len must be at least 32 (lengths 16, 32, ...), got {args.max_len}")
-    from nmt.bench import RSS_RESOLUTION_MB, bench_attention
+    from nmt.bench_attention import RSS_RESOLUTION_MB, bench_attention
     from nmt.plots import check_picture_path
 
     if args.plot:  # "" draws none

@@ -1,0 +1,119 @@
+"""``nmt bench attention``: each attention scorer alone, forward and backward, as the source
+and target length grows, one fresh process per point (its peak memory its own). This module
+imports torch and the scorers alone, so that each point's process starts in about a second
+(nmt.bench imports Lightning: 4 s a point on the AMD EPYC Zen 5)."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+import torch
+
+from nmt.attention import SCORERS, build_scorer
+from nmt.memory import limit_data_growth, peak_memory_mb
+
+
+def _time_scorer(name: str, length: int, batch: int, heads: int, head_dim: int,
+                 repeats: int, memory_limit_mb: float | None = None) -> dict:
+    """Runs in a fresh process: forward+backward time and the peak memory it adds. With
+    ``memory_limit_mb`` the process may allocate at most that much more (a failed allocation,
+    not the kernel's OOM killer, then ends a point that does not fit)."""
+    if memory_limit_mb is not None:
+        torch.ones(1 << 20).mul_(2).sum()  # start the thread pool first: its stacks count too
+        limit_data_growth(memory_limit_mb)
+    torch.manual_seed(0)
+    scorer = build_scorer(name, head_dim, head_dim, head_dim)
+    q, k, v = (torch.randn(batch, heads, length, head_dim, requires_grad=True) for _ in range(3))
+
+    def step() -> None:
+        context, _ = scorer.attend(q, scorer.prepare_keys(k), v, None, need_weights=False)
+        context.sum().backward()
+
+    before = peak_memory_mb()
+    step()  # warm-up; also reaches this size's peak memory
+    peak = peak_memory_mb() - before
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"scorer": name, "length": length, "ms": round(1000 * min(times), 3),  # best of N
+            "peak_mb": round(max(peak, 0.0), 1)}
+
+
+def growth_exponent(lengths: list[int], values: list[float]) -> float:
+    """Least-squares slope of log(value) against log(length): value ~ length^slope."""
+    xs, ys = [math.log(x) for x in lengths], [math.log(max(y, 1e-9)) for y in values]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+RSS_RESOLUTION_MB = 32.0  # a smaller rise of the peak RSS is the allocator's reuse, not growth
+
+
+def scorer_exponents(rows: list[dict]) -> dict[str, dict[str, float | None]]:
+    """Per scorer, the growth exponents of time and peak memory over the longer half of the
+    lengths (at least two points), where the (T, S) terms dominate fixed costs. The memory
+    exponent is None where a peak in that half is under RSS_RESOLUTION_MB: a process's peak
+    RSS does not see allocations that fit in memory it already holds."""
+    exponents = {}
+    for name in dict.fromkeys(r["scorer"] for r in rows):
+        mine = [r for r in rows if r["scorer"] == name]
+        tail = mine[-max(2, len(mine) // 2):]
+        if len(tail) < 2:
+            continue
+        lengths = [r["length"] for r in tail]
+        peaks = [r["peak_mb"] for r in tail]
+        exponents[name] = {
+            "time": round(growth_exponent(lengths, [r["ms"] for r in tail]), 2),
+            "memory": round(growth_exponent(lengths, peaks), 2)
+            if min(peaks) >= RSS_RESOLUTION_MB else None}
+    return exponents
+
+
+def _time_point(*args, measure=_time_scorer) -> dict:
+    """``measure(*args)`` in a fresh process (so that its peak memory is its own); a point that
+    runs out of memory, or whose process dies (the OOM killer), is a row with an error."""
+    name, length = args[:2]
+    try:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return pool.submit(measure, *args).result()
+    except BrokenProcessPool:  # (a RuntimeError too)
+        why = "its process died"
+    except (MemoryError, RuntimeError) as error:
+        if isinstance(error, RuntimeError) and "allocate" not in str(error):
+            raise
+        why = "out of memory"
+    return {"scorer": name, "length": length, "ms": None, "peak_mb": None, "error": why}
+
+
+def bench_attention(max_len: int = 1024, batch: int = 2, heads: int = 4, head_dim: int = 32,
+                    repeats: int = 3, plot: str | None = None,
+                    memory_limit_mb: float | None = None) -> dict:
+    """Each scorer alone, T = S = 16 .. max_len: time and peak memory, one process per point
+    so that each peak is its own, and their growth exponents (``scorer_exponents``) over the
+    points that fit in memory; a scorer's first point that does not is its last row."""
+    lengths = [2**i for i in range(4, int(math.log2(max_len)) + 1)]
+    rows = []
+    for name in SCORERS:
+        for n in lengths:
+            rows.append(_time_point(name, n, batch, heads, head_dim, repeats, memory_limit_mb))
+            if "error" in rows[-1]:  # a longer length would not fit either
+                break
+    measured = [r for r in rows if "error" not in r]
+    exponents = scorer_exponents(measured)
+    if plot:
+        from nmt.plots import save_lines  # here: matplotlib is not for the points' processes
+
+        save_lines(plot, {name: ([r["length"] for r in measured if r["scorer"] == name],
+                                  [r["ms"] for r in measured if r["scorer"] == name]) for name in SCORERS},
+                    "source = target length", "forward + backward (ms)",
+                    f"Attention scorers alone (batch {batch}, {heads} heads, d {head_dim})",
+                   loglog=True)
+    return {"bench": "attention", "batch": batch, "heads": heads, "head_dim": head_dim,
+            "rows": rows, "exponents": exponents, "threads": torch.get_num_threads()}
