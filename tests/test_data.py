@@ -563,7 +563,7 @@ def test_a_hub_row_missing_a_side_is_an_empty_line_and_other_values_an_error():
         list(read_pairs(numbers))
 
 
-def test_prepare_command_and_a_bad_line(tmp_path, capsys):
+def test_prepare_command_and_a_bad_line(tmp_path, capsys, monkeypatch):
     from nmt.cli import main
 
     from .conftest import REPO
@@ -572,11 +572,13 @@ def test_prepare_command_and_a_bad_line(tmp_path, capsys):
     argv = ["prepare", "--config", str(REPO / "configs" / "transformer.yaml"),
             f"data.train_files=[{','.join(files['train'])}]",
             f"data.val_files=[{','.join(files['val'])}]",
-            f"data.data_dir={tmp_path / 'data'}", "data.vocab_size=100"]
+            "data.data_dir=data", "data.vocab_size=100"]
+    monkeypatch.chdir(tmp_path)
     assert main([*argv, "--train-lines", "-5"]) == 1  # as train: no lines cut off the end
     assert "data.train_lines must be at least 1" in capsys.readouterr().err
     assert main(argv) == 0
     folder = Path(capsys.readouterr().out.split("prepared corpus: ")[1].strip())
+    assert folder.is_absolute()  # as nmt train names it (it printed data/prepared/...)
     assert (folder / "meta.json").is_file() and (folder / "train.de.ids").is_file()
     lines = Path(files["val"][1]).read_text().split("\n")
     lines[2] = lines[2].replace(" ", "\u2028", 1)
