@@ -96,6 +96,19 @@ class PatientEarlyStopping(EarlyStopping):
         """Lightning's own early stopping's, under which earlier runs' checkpoints hold it."""
         return super().state_key.replace(type(self).__qualname__, "EarlyStopping", 1)
 
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Turned on in a resumed run whose checkpoint holds no early stopping (its patience
+        was 0): the best score so far is the run's best checkpoint's, not none, under which
+        the first validation after the resume counted as an improvement whatever it scored."""
+        states = checkpoint.get("callbacks", {})
+        if any(key.startswith("EarlyStopping") for key in states):
+            return  # its own state follows (load_state_dict)
+        best = next((state.get("best_model_score") for key, state in states.items()
+                     if key.startswith("ModelCheckpoint") and isinstance(state, dict)
+                     and state.get("monitor") == self.monitor), None)
+        if best is not None:
+            self.best_score = torch.as_tensor(float(best))
+
     def load_state_dict(self, state_dict: dict) -> None:
         patience = self.patience
         super().load_state_dict(state_dict)
