@@ -226,6 +226,8 @@ def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):
         cfg = DataConfig(data_dir=str(tmp_path / f"data{streaming}"), hub_dataset=str(hub),
                          hub_streaming=streaming, vocab_size=120)
         folders[streaming] = prepare(cfg)
+        cfg.src_lang, cfg.tgt_lang = cfg.tgt_lang, cfg.src_lang  # the other direction shares it,
+        assert prepare(cfg) == folders[streaming]  # as two files do (it was prepared again)
     text = DataConfig(data_dir=str(tmp_path / "text"), train_files=files["train"],
                       val_files=files["val"], vocab_size=120)
     folders["text"] = prepare(text)
@@ -504,61 +506,69 @@ def test_batches_gather_from_flat_arrays():
     assert kept[1] == (1, [9, 10], [15])
 
 
-def test_hub_translation_column_is_unpacked():
+def test_a_hub_split_reads_in_either_direction_under_one_fingerprint():
+    """Both layouts (a translation column, a column per language), read as de->en and en->de:
+    the pairs each way, and one cache identity for both directions (each direction had its
+    own, and prepared its own folder and SentencePiece model)."""
     import datasets
 
-    from nmt.data.corpus import _hub_pairs
+    from nmt.data.corpus import HubSplit, _language_columns, source_identity
 
-    split = datasets.Dataset.from_dict({"translation": [{"de": "Hallo", "en": "Hello"}]})
-    pairs = _hub_pairs(split, "en", "de", "wmt14")
-    assert pairs[0] == {"src": "Hello", "tgt": "Hallo"}
-    columns = datasets.Dataset.from_dict({"en": ["a"], "de": ["b"], "image": [0]})
-    assert _hub_pairs(columns, "de", "en", "bentrevett/multi30k")[0] == {"src": "b", "tgt": "a"}
+    translation = datasets.Dataset.from_dict({"translation": [{"de": "Hallo", "en": "Hello"}]})
+    columns = datasets.Dataset.from_dict({"en": ["Hello"], "de": ["Hallo"], "image": [0]})
+    for split in (translation, columns):
+        sources = {(src, tgt): HubSplit(_language_columns(split, src, tgt, "x"), src, tgt)
+                   for src, tgt in (("de", "en"), ("en", "de"))}
+        assert list(read_pairs(sources["de", "en"])) == [(["Hallo"], ["Hello"])]
+        assert list(read_pairs(sources["en", "de"])) == [(["Hello"], ["Hallo"])]
+        assert source_identity(sources["de", "en"]) == source_identity(sources["en", "de"])
 
 
 def test_a_hub_translation_column_without_the_pair_is_one_line():
     """A KeyError traceback from inside datasets' map, for a language wmt14's de-en lacks."""
     import datasets
 
-    from nmt.data.corpus import HubStream, _hub_pairs
+    from nmt.data.corpus import HubStream, _language_columns
 
     split = datasets.Dataset.from_dict({"translation": [{"de": "Hallo", "en": "Hello"}]})
     with pytest.raises(NMTError, match="'wmt14' has no translations between fr and en: its "
                                        "translation column holds de, en"):
-        _hub_pairs(split, "fr", "en", "wmt14")
+        _language_columns(split, "fr", "en", "wmt14")
     stream = split.to_iterable_dataset()  # declares features; one that does not: its first row
     stream._info.features = None
     with pytest.raises(NMTError, match="holds de, en"):
-        _hub_pairs(stream, "en", "cs", "wmt14")
+        _language_columns(stream, "en", "cs", "wmt14")
     # ... that holds a translation (a null one, an empty line, named no language)
     nulls = datasets.Dataset.from_dict({"translation": [None, {"de": "Hallo", "en": "Hello"}]})
     stream = nulls.to_iterable_dataset()
     stream._info.features = None
-    pairs = HubStream("wmt14", None, "train", _hub_pairs(stream, "de", "en", "wmt14"))
+    pairs = HubStream("wmt14", None, "train", _language_columns(stream, "de", "en", "wmt14"), "de",
+                      "en")
     assert list(read_pairs(pairs)) == [(["", "Hallo"], ["", "Hello"])]
     empty = datasets.Dataset.from_dict({"translation": [None] * 3}).to_iterable_dataset()
     empty._info.features = None
     with pytest.raises(NMTError, match="'wmt14' has no translation in the first 1000 rows"):
-        _hub_pairs(empty, "de", "en", "wmt14")
+        _language_columns(empty, "de", "en", "wmt14")
     variable = datasets.Dataset.from_dict(
         {"translation": [{"language": ["de", "en"], "translation": ["Hallo", "Hello"]}]},
         features=datasets.Features({"translation": datasets.TranslationVariableLanguages(["de", "en"])}))
     with pytest.raises(NMTError, match="'wmt' holds its translations with variable languages"):
-        _hub_pairs(variable, "de", "en", "wmt")
+        _language_columns(variable, "de", "en", "wmt")
 
 
 def test_a_hub_row_missing_a_side_is_an_empty_line_and_other_values_an_error():
     """A null translation was a TypeError traceback from SentencePiece."""
     import datasets
 
-    from nmt.data.corpus import _hub_pairs
+    from nmt.data.corpus import HubSplit, _language_columns
 
-    rows = {"src": ["a", "b", None], "tgt": [None, "c", "d"]}
-    assert list(read_pairs(datasets.Dataset.from_dict(rows))) == [(["a", "b", ""], ["", "c", "d"])]
+    rows = {"de": ["a", "b", None], "en": [None, "c", "d"]}
+    columns = HubSplit(datasets.Dataset.from_dict(rows), "de", "en")
+    assert list(read_pairs(columns)) == [(["a", "b", ""], ["", "c", "d"])]
     translations = datasets.Dataset.from_dict({"translation": [{"de": "a", "en": None}, None]})
-    pairs = _hub_pairs(translations, "de", "en", "wmt")  # a row's whole translation null
-    assert list(read_pairs(pairs)) == [(["a", ""], ["", ""])]
-    numbers = datasets.Dataset.from_dict({"src": ["a", "b"], "tgt": [[1], [2]]})
+    pairs = _language_columns(translations, "de", "en", "wmt")  # a row's whole translation null
+    assert list(read_pairs(HubSplit(pairs, "de", "en"))) == [(["a", ""], ["", ""])]
+    numbers = HubSplit(datasets.Dataset.from_dict({"de": ["a", "b"], "en": [[1], [2]]}), "de", "en")
     with pytest.raises(NMTError, match=r"row 1 of a Hub split holds \[1\] as its target, not text"):
         list(read_pairs(numbers))
 

@@ -54,6 +54,18 @@ CHUNK_BYTES = 1 << 24  # read text 16 MiB at a time: memory stays flat however b
 
 
 @dataclass(frozen=True)
+class HubSplit:
+    """A downloaded Hub split. Its rows hold one column per language of the pair, in sorted
+    order whatever the direction, so that both directions have one fingerprint (the cache's
+    key: they share one prepared folder, as two files do); ``src`` and ``tgt`` name the
+    columns read as source and target."""
+
+    rows: datasets.Dataset
+    src: str
+    tgt: str
+
+
+@dataclass(frozen=True)
 class HubStream:
     """A Hub split read as a stream: ``nmt prepare`` reads it twice (SentencePiece's sample,
     then the encoding) and never stores it whole. The cache knows it by name, configuration,
@@ -62,11 +74,13 @@ class HubStream:
     name: str
     config: str | None
     split: str
-    rows: datasets.IterableDataset  # columns {src, tgt}
+    rows: datasets.IterableDataset  # a column per language, as HubSplit's
+    src: str
+    tgt: str
 
 
-# Two aligned text files, a {src, tgt} dataset, or a {src, tgt} stream.
-Source = tuple[str, str] | datasets.Dataset | HubStream
+# Two aligned text files, a downloaded Hub split, or a streamed one.
+Source = tuple[str, str] | HubSplit | HubStream
 
 
 def split_sources(cfg: DataConfig, needed: tuple[str, ...] = SPLITS) -> dict[str, Source]:
@@ -107,10 +121,8 @@ def test_set_name(cfg: DataConfig) -> str:
 
 def read_pairs(source: Source, limit: int | None = None) -> Iterator[tuple[list[str], list[str]]]:
     """Aligned chunks (sources, targets) of a split, at most ``limit`` pairs in all."""
-    if isinstance(source, HubStream):
-        chunks = _dataset_chunks(source.rows)
-    elif isinstance(source, datasets.Dataset):
-        chunks = _dataset_chunks(source)
+    if isinstance(source, (HubSplit, HubStream)):
+        chunks = _dataset_chunks(source.rows, source.src, source.tgt)
     else:
         chunks = _file_pairs(*source)
     left = limit if limit is not None else float("inf")
@@ -241,13 +253,13 @@ def check_same_length(src_path: str, tgt_path: str, src_lines: int, tgt_lines: i
                        "the two sides of a corpus must align line by line")
 
 
-def _dataset_chunks(split: datasets.Dataset | datasets.IterableDataset
+def _dataset_chunks(split: datasets.Dataset | datasets.IterableDataset, src: str, tgt: str
                     ) -> Iterator[tuple[list[str], list[str]]]:
-    """A Hub split's {src, tgt} rows in chunks; a missing side (null) is an empty line, which
-    training leaves out as it does an empty line of a file."""
+    """A Hub split's (``src`` column, ``tgt`` column) in chunks; a missing side (null) is an
+    empty line, which training leaves out as it does an empty line of a file."""
     done = 0
     for rows in split.iter(batch_size=10_000):
-        sides = [["" if text is None else text for text in rows[side]] for side in ("src", "tgt")]
+        sides = [["" if text is None else text for text in rows[side]] for side in (src, tgt)]
         for side, texts in zip(("source", "target"), sides):
             bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
             if bad is not None:
@@ -264,8 +276,8 @@ def source_identity(source: Source) -> list:
     that cannot see (another text of the same size and time, a stream revised under its
     name) ``nmt.data.prepare.check_prepared_targets`` finds in the validation references,
     not in the training split."""
-    if isinstance(source, datasets.Dataset):
-        return [source._fingerprint]
+    if isinstance(source, HubSplit):
+        return [source.rows._fingerprint]
     if isinstance(source, HubStream):
         info = source.rows.info
         return [f"stream {source.name} {source.config} {source.split} {info.version} {info.dataset_size}"]
@@ -348,27 +360,30 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
     for split, names in HUB_SPLITS.items():
         found = next((n for n in names if n in hub), None)
         if found is not None:
-            rows = _hub_pairs(hub[found], cfg.src_lang, cfg.tgt_lang, name)
-            corpus[split] = HubStream(name, cfg.hub_config, found, rows) if cfg.hub_streaming else rows
+            src, tgt = cfg.src_lang, cfg.tgt_lang
+            rows = _language_columns(hub[found], src, tgt, name)
+            corpus[split] = HubStream(name, cfg.hub_config, found, rows, src, tgt) \
+                if cfg.hub_streaming else HubSplit(rows, src, tgt)
     if "train" not in corpus or "val" not in corpus:
         raise NMTError(f"Hub dataset '{name}' lacks a train or validation split: {list(hub)}")
     return corpus
 
 
-def _hub_pairs(split, src: str, tgt: str, name: str):
-    """Bring a Hub split (a ``Dataset``, or an ``IterableDataset`` when streamed) to columns
-    {src, tgt}: from per-language columns or ``translation``."""
+def _language_columns(split, src: str, tgt: str, name: str):
+    """A Hub split (a ``Dataset``, or an ``IterableDataset`` when streamed) as one column per
+    language of the pair, in sorted order (see ``HubSplit``): from per-language columns or
+    ``translation``."""
     columns = split.column_names or list(next(iter(split)))  # a stream may not declare them
+    pair = sorted((src, tgt))
     if src in columns and tgt in columns:
-        return split.select_columns([src, tgt]).rename_columns({src: "src", tgt: "tgt"})
+        return split.select_columns(pair)
     if "translation" in columns:
         languages = _translation_languages(split, name)
         if src not in languages or tgt not in languages:
             raise NMTError(f"Hub dataset '{name}' has no translations between {src} and {tgt}: "
                            f"its translation column holds {', '.join(languages)}")
         return split.map(
-            lambda row: {side: (row["translation"] or {}).get(lang)  # null: an empty line
-                         for side, lang in (("src", src), ("tgt", tgt))},
+            lambda row: {lang: (row["translation"] or {}).get(lang) for lang in pair},  # null: ""
             remove_columns=columns,
         )
     raise NMTError(f"Hub dataset '{name}' has no columns for {src} and {tgt}: {columns}")

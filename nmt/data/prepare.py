@@ -14,9 +14,8 @@ training memory-maps (its memory does not grow with the corpus).
 The key hashes everything the result depends on: each input file's path, size and modification
 time (or the Hub dataset's fingerprint), the language pair, ``train_lines``, ``vocab_size`` and
 ``spm_sample``. Change any of them and a new folder is prepared; the same inputs reuse it. Both
-directions of a pair of files share one folder (the ids are stored per language); a Hub
-dataset's fingerprint is taken after its columns are set to source and target, so its two
-directions are prepared apart. What the key cannot
+directions of a pair share one folder (the ids are stored per language; a Hub split is keyed
+with its languages' columns in sorted order, ``nmt.data.corpus.HubSplit``). What the key cannot
 see (another text of the same size and time) ``check_prepared_targets`` finds in the
 validation references; in the training split it goes unseen.
 """
