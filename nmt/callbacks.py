@@ -99,7 +99,9 @@ class PatientEarlyStopping(EarlyStopping):
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         """Turned on in a resumed run whose checkpoint holds no early stopping (its patience
         was 0): the best score so far is the run's best checkpoint's, not none, under which
-        the first validation after the resume counted as an improvement whatever it scored."""
+        the first validation after the resume counted as an improvement whatever it scored.
+        The validations since that best are not counted (no checkpoint kept them): the run
+        gets its whole patience from the resume."""
         states = checkpoint.get("callbacks", {})
         if any(key.startswith("EarlyStopping") for key in states):
             return  # its own state follows (load_state_dict)

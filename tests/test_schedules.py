@@ -339,15 +339,16 @@ def test_an_early_stopped_run_stays_stopped_until_its_patience_is_raised(tmp_pat
     assert epochs() == 4 and "early stopping ended the run: " in capsys.readouterr().out
 
 
-def test_early_stopping_turned_on_at_a_resume_starts_from_the_runs_best(tmp_path, capsys):
+@pytest.mark.parametrize("metric", ["val_bleu", "val_loss"])
+def test_early_stopping_turned_on_at_a_resume_starts_from_the_runs_best(tmp_path, capsys, metric):
     """Trained without early stopping, then resumed with patience 1: the checkpoint held no
     early stopping, so its first validation counted as an improvement (over none) and the run
     stopped a validation late. It now starts from best.ckpt's score: the frozen run's
-    unchanged BLEU stops it at the first validation."""
+    unchanged score stops it at the first validation."""
     files = write_corpus(tmp_path)
     run = tmp_path / "run"
     args = [*tiny_train_args(files, run, tmp_path / "data", epochs=6), "optim.lr=1e-12",
-            "optim.min_lr=0", "trainer.best_metric=val_bleu"]
+            "optim.min_lr=0", f"trainer.best_metric={metric}"]
     assert main([*tiny_train_args(files, run, tmp_path / "data", epochs=2), *args[-3:],
                  "trainer.early_stopping_patience=0"]) == 0
     assert main(args + ["trainer.early_stopping_patience=1"]) == 0
