@@ -34,9 +34,11 @@ RESUMABLE_CHANGES = {
 }
 
 
-# Where the corpus files are: saved absolute, so a moved project names them elsewhere. The
-# training pairs are compared by their content instead (check_training_data).
-CORPUS_FILES = {"data.train_files", "data.val_files", "data.test_files", "data.data_dir"}
+# Where the corpus files are: saved absolute, so a moved project names them elsewhere (and a
+# run saved before a local Hub folder was, relative). The training and validation pairs are
+# compared by their content instead (check_training_data).
+CORPUS_FILES = {"data.train_files", "data.val_files", "data.test_files", "data.data_dir",
+                "data.hub_dataset"}
 
 
 # Options named first where a run differs in several: another model family or language pair

@@ -465,14 +465,17 @@ def train(config: Config) -> Path:
 
 
 def absolute_file_paths(config: Config) -> None:
-    """The corpus files a command names, and the folder of local corpora, as absolute paths:
-    the run's config.yaml keeps them, and evaluate, run from another folder, read other files
-    of the same names there (another data/multi30k: the wrong test set, under the right name)."""
+    """The corpus files a command names, the folder of local corpora and a Hub dataset read
+    from a local folder, as absolute paths: the run's config.yaml keeps them, and evaluate,
+    run from another folder, read other files of the same names there (another
+    data/multi30k: the wrong test set, under the right name), or the Hub for ./folder."""
     d = config.data
     for key in ("train_files", "val_files", "test_files"):
         if getattr(d, key):
             setattr(d, key, [str(Path(path).absolute()) for path in getattr(d, key)])
     d.data_dir = str(Path(d.data_dir).absolute())
+    if d.hub_dataset and Path(d.hub_dataset).is_dir():  # a local folder in the Hub's layout
+        d.hub_dataset = str(Path(d.hub_dataset).absolute())
 
 
 def write_run_files(config: Config, run_dir: Path, data: PreparedData, new_run: bool) -> None:

@@ -1042,6 +1042,35 @@ def test_evaluate_reads_the_runs_own_local_corpus_from_any_folder(tmp_path, monk
     assert json.loads((run / "eval" / "test.beam1.json").read_text())["sentences"] == 30
 
 
+def test_a_run_on_a_local_hub_folder_evaluates_and_resumes_from_any_folder(tmp_path, monkeypatch):
+    """data.hub_dataset=./hub (a folder in the Hub's layout) stayed relative in config.yaml:
+    evaluate from another folder looked for './hub' on the Hub. A run saved so still resumes."""
+    hub = tmp_path / "project" / "hub"
+    hub.mkdir(parents=True)
+    for split, (src, tgt) in write_corpus(tmp_path).items():
+        pairs = zip(*(Path(path).read_text(encoding="utf-8").splitlines() for path in (src, tgt)))
+        rows = [json.dumps({"translation": {"de": s, "en": t}}) for s, t in pairs]
+        (hub / f"{'validation' if split == 'val' else split}.jsonl").write_text("\n".join(rows) + "\n")
+    monkeypatch.chdir(tmp_path / "project")
+    def args(epochs: int) -> list[str]:
+        named = ("data.train_files", "data.val_files", "data.test_files")
+        return [a for a in tiny_train_args({s: ["x", "y"] for s in ("train", "val", "test")},
+                                           Path("run"), Path("data"), epochs)
+                if not a.startswith(named)] + ["data.hub_dataset=./hub"]
+
+    assert main(args(1)) == 0
+    run = tmp_path / "project" / "run"
+    saved = run / "config.yaml"
+    assert load_config(saved).data.hub_dataset == str(hub)
+    monkeypatch.chdir(tmp_path)
+    assert main(["evaluate", "--checkpoint", str(run), "--split", "test", "--beam", "1"]) == 0
+    assert json.loads((run / "eval" / "test.beam1.json").read_text())["sentences"] == 30
+    monkeypatch.chdir(tmp_path / "project")  # saved relative, as before: resumes
+    saved.write_text(saved.read_text().replace(f"hub_dataset: {hub}", "hub_dataset: ./hub"))
+    assert main(args(2)) == 0
+    assert json.loads((run / "train_stats.json").read_text())["epochs"] == 2
+
+
 def test_evaluating_a_split_needs_only_its_own_files(run, tmp_path, capsys):
     """A run whose training corpus is gone still evaluates on its test files (it failed with
     "data.train_files: no such file"); the split whose files are gone is the one-line error."""
