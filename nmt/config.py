@@ -136,7 +136,7 @@ for _first in "-+0123456789":
         0, ("tag:yaml.org,2002:str", re.compile(f"^{_SEXAGESIMAL}$")))
 # What YAML 1.1 reads as booleans or base-60 numbers, quoted in an override (OmegaConf parses
 # those in 1.1)
-_YAML11_WORDS = re.compile(f"yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF|{_SEXAGESIMAL}")
+_YAML11_TEXT = re.compile(f"yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF|{_SEXAGESIMAL}")
 # What they still mean in the free-form model section, whose options are flags, sizes and
 # names (a typed boolean option takes them through OmegaConf): saved as true and false, as
 # runs saved them before the words were kept
@@ -151,7 +151,7 @@ def read_yaml(text: str) -> Any:
 def _words_kept(item: str) -> str:
     """``key=no`` as ``key='no'``, ``key=1:30:00`` as ``key='1:30:00'``: text, as in a config file."""
     key, equals, value = item.partition("=")
-    return f"{key}='{value}'" if equals and _YAML11_WORDS.fullmatch(value) else item
+    return f"{key}='{value}'" if equals and _YAML11_TEXT.fullmatch(value) else item
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:

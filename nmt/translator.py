@@ -114,14 +114,15 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool
     warns)."""
     if weights is not None:
         inside, given = run_dir / weights, Path(weights)
-        if given.is_absolute() or str(weights).startswith(FROM_HERE):  # Path drops a "./"
+        from_here = str(weights).startswith(FROM_HERE)  # Path drops a "./": read it as given
+        if given.is_absolute() or from_here:
             tried = [given]
         else:
             tried = [inside] if given.parent == Path(".") else [inside, given]
         for path in tried:
             if path.is_file():
                 return path
-        if tried == [given] and not given.is_absolute():  # ./x, ../x: the current folder's
+        if from_here:
             hint = f"; {run_dir / given} exists: give {given} for it" \
                 if str(weights).startswith(HERE) and (run_dir / given).is_file() else ""
             raise NMTError(f"weights file not found: {weights} ({given.resolve()}){hint}")
