@@ -15,14 +15,36 @@ from torch import Tensor  # noqa: E402
 from nmt.attention_stats import translation_attention  # noqa: E402
 from nmt.errors import NMTError  # noqa: E402
 
+INCHES_PER_PIECE = 0.22  # a 7-point label's row or column
+PANEL_INCHES = (3.0, 16.0)  # a heatmap's smallest and largest side
 
-def draw_attention(ax, weights: Tensor, src: list[str], tgt: list[str], title: str = "") -> None:
-    """Heatmap of (T, S) weights: target pieces down the side, source pieces along the top."""
+
+def draw_attention(ax, weights: Tensor, src: list[str], tgt: list[str], title: str = "",
+                   labels: int | None = None) -> None:
+    """Heatmap of (T, S) weights: target pieces down the side, source pieces along the top.
+    An axis with more pieces than ``labels`` (what fits) names every n-th piece, at its own
+    row or column, and the title says which."""
     ax.imshow(weights.float().cpu().numpy(), cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(len(src)), src, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(tgt)), tgt, fontsize=7)
+    across, down = (max(1, math.ceil(len(pieces) / labels)) if labels else 1 for pieces in (src, tgt))
+    ax.set_xticks(range(0, len(src), across), src[::across], rotation=90, fontsize=7)
+    ax.set_yticks(range(0, len(tgt), down), tgt[::down], fontsize=7)
     ax.xaxis.tick_top()
+    if (across, down) != (1, 1):
+        thinned = f"pieces named: 1 in {across} across, 1 in {down} down"
+        title = f"{title} ({thinned})" if title else thinned
     ax.set_title(title, fontsize=9, pad=40)
+
+
+def panel_layout(longest: int) -> tuple[float, int | None]:
+    """A heatmap's side in inches for ``longest`` pieces on an axis, and how many labels fit
+    on an axis where that side is capped (None: all of them): PANEL_INCHES' largest side
+    holds fewer labels, not a larger picture (a line of 1,000 pieces drew 25,000 pixels a
+    side, gigabytes to render, and its process was killed)."""
+    small, large = PANEL_INCHES
+    size = max(small, INCHES_PER_PIECE * longest + 1.5)
+    if size <= large:
+        return size, None
+    return large, int((large - 1.5) / INCHES_PER_PIECE)
 
 
 def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[str], list[str]] | None],
@@ -32,7 +54,7 @@ def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[s
     rows = math.ceil(len(panels) / columns)
     columns = min(columns, len(panels))
     longest = max(max(len(p[2]), len(p[3])) for p in panels if p is not None)
-    size = max(3.0, 0.22 * longest + 1.5)
+    size, labels = panel_layout(longest)
     fig, axes = plt.subplots(rows, columns, figsize=(size * columns, size * rows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
@@ -40,7 +62,7 @@ def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[s
         if panel is None:
             ax.axis("off")
         else:
-            draw_attention(ax, panel[1], panel[2], panel[3], panel[0])
+            draw_attention(ax, panel[1], panel[2], panel[3], panel[0], labels)
     fig.tight_layout()
     _save(fig, path)
 

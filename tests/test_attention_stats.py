@@ -214,3 +214,31 @@ def test_attention_panels_name_their_layer_and_head():
     assert [t for t, _ in attention_panels(one, "line 1, cross", -1, "all")] == ["line 1, cross"]
     with pytest.raises(NMTError, match="one attention map"):
         attention_panels(one, "line 1, cross", 2, "mean")
+
+
+def test_a_long_line_draws_a_picture_of_bounded_size_with_its_own_labels(monkeypatch):
+    """A line of 1,023 pieces (what translate keeps of a long one) drew a heatmap 25,000
+    pixels a side: 2.3 GB for one image, a MemoryError traceback, or the process killed. The
+    side is capped; the pieces named are every n-th, each at its own row or column."""
+    saved = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.append(fig))
+    src = [f"s{i}" for i in range(1024)]
+    tgt = [f"t{i}" for i in range(10)]
+    plots.save_attention_grid("unused.png", [("line 1, cross", torch.rand(len(tgt), len(src)), src, tgt)])
+    (fig,) = saved
+    width, height = fig.get_size_inches()
+    assert width <= plots.PANEL_INCHES[1] and height <= plots.PANEL_INCHES[1]
+    (ax,) = fig.axes
+    across = [(int(x), label.get_text()) for x, label in zip(ax.get_xticks(), ax.get_xticklabels())]
+    down = [(int(y), label.get_text()) for y, label in zip(ax.get_yticks(), ax.get_yticklabels())]
+    assert 10 < len(across) < len(src) and all(src[x] == text for x, text in across)
+    assert down == list(enumerate(tgt))  # the short axis keeps every label
+    step = across[1][0]
+    assert ax.get_title() == f"line 1, cross (pieces named: 1 in {step} across, 1 in 1 down)"
+    plots.plt.close(fig)
+    # A short line is drawn as before: one label per piece, a side of 0.22 in per piece
+    plots.save_attention_grid("unused.png", [("short", torch.rand(3, 4), src[:4], tgt[:3])])
+    assert saved[-1].get_size_inches().tolist() == [3.0, 3.0]
+    assert [t.get_text() for t in saved[-1].axes[0].get_xticklabels()] == src[:4]
+    assert saved[-1].axes[0].get_title() == "short"
+    plots.plt.close(saved[-1])
