@@ -78,10 +78,30 @@ def cost_markdown(cost: dict, rows: list[dict]) -> str:
                      f"{r['precision']} | {bleu.get((r['family'], r['attention']), '-')} |")
     attention = cost["attention"]["rows"]
     longest = max(r["length"] for r in attention)
-    peak = {r["scorer"]: r["peak_mb"] for r in attention if r["length"] == longest}
     lines += ["", "Scorers alone (`nmt bench attention`): time ~ length^k, peak memory ~ length^m "
               f"(m: - where the peaks are under the RSS resolution, {RSS_RESOLUTION_MB:.0f} MB); "
               f"peak MB at length {longest}: " +
-              ", ".join(f"{name} k={e['time']} m={'-' if e['memory'] is None else e['memory']} "
-                        f"{peak[name]} MB" for name, e in scorer_exponents(attention).items()), ""]
+              ", ".join(_scorer_cost(name, attention, longest)
+                        for name in dict.fromkeys(r["scorer"] for r in attention)), ""]
     return "\n".join(lines) + "\n"
+
+
+def _scorer_cost(name: str, rows: list[dict], longest: int) -> str:
+    """One scorer's growth exponents and peak memory at the ``longest`` length, from
+    ``nmt bench attention``'s rows. A point that did not fit (out of memory, its process
+    killed) is a row with an ``error`` and no numbers, the scorer's last: the exponents are
+    of the points measured (as the bench's own), and the peak says where it stopped."""
+    mine = [r for r in rows if r["scorer"] == name]
+    measured = [r for r in mine if "error" not in r]
+    exponents = scorer_exponents(measured).get(name)
+    k = "-" if exponents is None else exponents["time"]
+    m = "-" if exponents is None or exponents["memory"] is None else exponents["memory"]
+    at_longest = next((r for r in measured if r["length"] == longest), None)
+    failed = next((r for r in mine if "error" in r), None)
+    if at_longest is not None:
+        peak = f"{at_longest['peak_mb']} MB"
+    elif failed is not None:
+        peak = f"{failed['error']} at length {failed['length']}"
+    else:
+        peak = "not measured"
+    return f"{name} k={k} m={m} {peak}"

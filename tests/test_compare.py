@@ -427,6 +427,34 @@ def test_cost_is_benched_per_scorer_and_tabled(study, capsys):
     assert f"| {cost['train'][0]['mfu']} |" in table.split("### cost")[1]  # the MFU column
 
 
+def test_cost_tables_a_scorer_that_ran_out_of_memory(tmp_path):
+    """compare --cost keeps bench attention's rows, where a point that did not fit is a row
+    with an error and no numbers (the scorer's last). The report read them as numbers and
+    called the file compare wrote itself "not compare --cost's measurement; delete it": every
+    measurement again would be refused the same way."""
+    from nmt.bench_attention import scorer_exponents
+    from nmt.study_report import cost_table
+
+    def point(scorer, length, ms, peak_mb):
+        return {"scorer": scorer, "length": length, "ms": ms, "peak_mb": peak_mb}
+
+    rows = [point("additive", 16, 0.3, 40.0), point("additive", 32, 0.5, 80.0),
+            point("additive", 64, 22.5, 330.0),
+            {"scorer": "additive", "length": 128, "ms": None, "peak_mb": None, "error": "out of memory"},
+            *(point("dot", n, 0.1 * n, 0.5) for n in (16, 32, 64, 128))]
+    train = {"family": "rnn", "attention": "dot", "tgt_tok_per_s": 10.0, "sec_per_step": 1.5,
+             "train_gflop_per_tgt_token": 0.1, "mfu": 0.2, "peak_rss_mb": 99.0, "precision": "32-true"}
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"cpu": "a CPU", "measured": "today", "steps": 2, "train": [train],
+                                "attention": {"rows": rows, "batch": 2, "heads": 4, "head_dim": 32}}))
+    table = cost_table(path, [{"group": "main", "family": "rnn", "attention": "dot",
+                               "variant": "base", "bleu": 30.0}])
+    assert "| rnn | dot | 10.0 | 1.5 | 0.1 | 0.2 | 99.0 | 32-true | 30.0 |" in table
+    additive = scorer_exponents(rows[:3])["additive"]  # of the points measured, as the bench's
+    assert (f"peak MB at length 128: additive k={additive['time']} m={additive['memory']} "
+            "out of memory at length 128, dot k=1.0 m=- 0.5 MB") in table
+
+
 def test_two_groups_making_one_cell_name_are_an_error(study, tmp_path, capsys):
     """Groups short and long, each with a variant big of the same scorer: their records would
     share one folder, each run replacing the other's. One line instead, before any training."""
