@@ -107,7 +107,20 @@ def preset_of(cfg: CompareConfig, preset: str) -> PresetConfig:
     if preset not in cfg.presets:
         raise NMTError(f"unknown preset '{preset}'; choose one of: {', '.join(cfg.presets)}")
     chosen = cfg.presets[preset]
-    for group in chosen.groups.values():
+    # Overrides are keyed "all" or by family: another key (a misspelt family) would be
+    # ignored, and its cells trained without them under the variant's name
+    keys = ["all", *cfg.families]
+    for owner, overrides in [("its overrides", chosen.overrides),
+                             *((f"group {name}'s variant {label}", variant)
+                               for name, group in chosen.groups.items()
+                               for label, variant in group.variants.items())]:
+        if unknown := [key for key in overrides if key not in keys]:
+            raise NMTError(f"preset {preset}: {owner} names '{unknown[0]}', neither all nor a "
+                           f"family ({', '.join(cfg.families)}): its overrides would apply to "
+                           "no cell")
+    for name, group in chosen.groups.items():
+        if group.seeds < 1:
+            raise NMTError(f"preset {preset}: group {name} has seeds {group.seeds}: at least 1")
         for family in group.attentions:
             if family not in cfg.families or family not in cfg.baselines:
                 raise NMTError(f"preset {preset}: family '{family}' needs an entry in "

@@ -637,3 +637,35 @@ def test_a_record_stopped_between_its_two_files_leaves_the_cell_undone(tmp_path,
                                record_dir)
     assert (record_dir / study_cell.HYPOTHESES).is_file()
     assert not (record_dir / study_cell.RECORD).exists()  # not done: compare records it again
+
+@pytest.mark.parametrize("preset,message", [
+    ({"overrides": {"tranformer": ["model.d_model=128"]},
+      "groups": {"main": {"attentions": {"transformer": ["dot"]}}}},
+     "its overrides names 'tranformer'"),
+    ({"groups": {"head_size": {"attentions": {"transformer": ["dot"]},
+                               "variants": {"dk16": {"tranformer": ["model.heads=16"]}}}}},
+     "group head_size's variant dk16 names 'tranformer'"),
+])
+def test_overrides_for_no_family_are_an_error(tmp_path, capsys, preset, message):
+    """Overrides are keyed all or by family: under a misspelt family they applied to no cell,
+    and the cells of variant dk16 trained as the base one (4 heads), under dk16's name."""
+    path = tmp_path / "compare.yaml"
+    path.write_text(yaml.safe_dump({
+        "families": {"rnn": str(REPO / "configs/rnn_bahdanau.yaml"),
+                     "transformer": str(REPO / "configs/transformer.yaml")},
+        "presets": {"x": preset}}))
+    assert main(["compare", "--config", str(path), "--preset", "x", "--out", str(tmp_path / "x"),
+                 "--runs", str(tmp_path / "runs")]) == 1
+    assert capsys.readouterr().err == (f"error: preset x: {message}, neither all nor a family (rnn, "
+                                       "transformer): its overrides would apply to no cell\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_group_of_no_seeds_is_an_error(tmp_path, capsys):
+    """seeds: 0 made no cell of the group, and compare said nothing but "nothing to table"."""
+    path = tmp_path / "compare.yaml"
+    path.write_text(yaml.safe_dump({"presets": {"x": {"groups": {
+        "main": {"seeds": 0, "attentions": {"rnn": ["dot"]}}}}}}))
+    assert main(["compare", "--config", str(path), "--preset", "x", "--out", str(tmp_path / "x"),
+                 "--runs", str(tmp_path / "runs")]) == 1
+    assert capsys.readouterr().err == "error: preset x: group main has seeds 0: at least 1\n"
