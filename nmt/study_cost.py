@@ -22,7 +22,7 @@ from nmt.files import write_atomic
 from nmt.precision import cpu_identity
 
 TRAIN_KEYS = ("tgt_tok_per_s", "sec_per_step", "train_gflop_per_tgt_token", "mfu",
-              "peak_rss_mb", "precision")  # mfu: against the peak of the precision used
+              "peak_rss_mb", "precision", "device")  # mfu: against the peak of the precision used
 
 
 def _bench(arguments: list[str]) -> dict:
@@ -68,7 +68,13 @@ def cost_markdown(cost: dict, rows: list[dict]) -> str:
     """The training-cost table with each scorer's mean BLEU (main group) beside it."""
     bleu = {(r["family"], r["attention"]): r["bleu"] for r in rows if r["variant"] == "base"
             and r["group"] == rows[0]["group"]}
-    lines = [f"### cost (`nmt bench train`, {cost['steps']} steps each, quiet machine: {cost['cpu']},"
+    # bench train runs where training would (a GPU), bench attention on the CPU; files
+    # measured before the rows named their device say the CPU alone
+    accelerators = sorted({r["device"] for r in cost["train"]
+                           if isinstance(r.get("device"), str) and not r["device"].startswith("CPU")})
+    machine = (f"{', '.join(accelerators)}, host CPU {cost['cpu']}" if accelerators
+               else cost["cpu"])
+    lines = [f"### cost (`nmt bench train`, {cost['steps']} steps each, quiet machine: {machine},"
              f" {cost['measured']})", "",
              "| family | attention | train tgt tok/s | s/step | GFLOP per tgt token | MFU | peak RSS MB "
              "| precision | test BLEU |", "|---|---|---|---|---|---|---|---|---|"]
@@ -78,7 +84,8 @@ def cost_markdown(cost: dict, rows: list[dict]) -> str:
                      f"{r['precision']} | {bleu.get((r['family'], r['attention']), '-')} |")
     attention = cost["attention"]["rows"]
     longest = max(r["length"] for r in attention)
-    lines += ["", "Scorers alone (`nmt bench attention`): time ~ length^k, peak memory ~ length^m "
+    lines += ["", f"Scorers alone (`nmt bench attention`{', on the CPU' if accelerators else ''}): "
+              "time ~ length^k, peak memory ~ length^m "
               f"(m: - where the peaks are under the RSS resolution, {RSS_RESOLUTION_MB:.0f} MB); "
               f"peak MB at length {longest}: " +
               ", ".join(_scorer_cost(name, attention, longest)

@@ -126,6 +126,7 @@ def test_bench_train(tiny, capsys):
     assert main(["bench", "train", *options, "--steps", "3", "--warmup", "1"]) == 0
     summary = last_json(capsys.readouterr().out)
     assert summary["steps"] == 3 and summary["tgt_tok_per_s"] > 0
+    assert summary["device"].startswith("CPU: ")  # where it trained (compare --cost tables it)
     assert summary["train_gflop_per_tgt_token"] > 0 and 0 < summary["mfu"]
     mixed = summary["precision"] != "32-true"
     assert (summary["precision_peak_gflops"] != summary["fp32_peak_gflops"]) == mixed

@@ -455,6 +455,31 @@ def test_cost_tables_a_scorer_that_ran_out_of_memory(tmp_path):
             "out of memory at length 128, dot k=1.0 m=- 0.5 MB") in table
 
 
+def test_cost_names_the_gpu_its_training_steps_were_timed_on(tmp_path):
+    """compare --cost on a GPU machine times training on the GPU and the scorers alone on the
+    CPU; the table named the CPU alone as the machine (study/study/cost_h100.json, measured on
+    an H100, says an Intel Xeon)."""
+    from nmt.study_cost import cost_markdown
+
+    row = {"family": "rnn", "attention": "dot", "tgt_tok_per_s": 10.0, "sec_per_step": 0.08,
+           "train_gflop_per_tgt_token": 0.1, "mfu": 0.2, "peak_rss_mb": 99.0,
+           "precision": "bf16-mixed", "device": "NVIDIA H100 80GB HBM3"}
+    cost = {"cpu": "Intel Xeon", "measured": "today", "steps": 20, "train": [row],
+            "attention": {"rows": [{"scorer": "dot", "length": n, "ms": 0.1 * n, "peak_mb": 0.5}
+                                   for n in (16, 32)], "batch": 2, "heads": 4, "head_dim": 32}}
+    cells = [{"group": "main", "family": "rnn", "attention": "dot", "variant": "base", "bleu": 30.0}]
+    table = cost_markdown(cost, cells)
+    assert ("quiet machine: NVIDIA H100 80GB HBM3, host CPU Intel Xeon, today)" in table
+            and "Scorers alone (`nmt bench attention`, on the CPU): " in table)
+    # on a CPU, and in files from before the rows named their device: the CPU, as before
+    for device in ("CPU: Intel Xeon", None):
+        cost["train"] = [{**row, "device": device}] if device else [
+            {k: v for k, v in row.items() if k != "device"}]
+        table = cost_markdown(cost, cells)
+        assert ("quiet machine: Intel Xeon, today)" in table
+                and "Scorers alone (`nmt bench attention`): " in table)
+
+
 def test_two_groups_making_one_cell_name_are_an_error(study, tmp_path, capsys):
     """Groups short and long, each with a variant big of the same scorer: their records would
     share one folder, each run replacing the other's. One line instead, before any training."""
