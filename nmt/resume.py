@@ -7,10 +7,14 @@ budgets, validation cadence and decoding may change between segments (``RESUMABL
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import inspect
 import json
+import os
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -63,8 +67,6 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     if it holds checkpoints that cannot be resumed (a new run would overwrite them)."""
     last = run_dir / "last.ckpt"
     saved = run_dir / "config.yaml"
-    if run_dir.exists() and not run_dir.is_dir():
-        raise NMTError(f"--run-dir {run_dir} is a file; name a folder")
     if not last.is_file() or not saved.is_file():
         refuse_to_overwrite(run_dir)
         return None
@@ -238,6 +240,49 @@ def _count(record) -> str:
 # What a new run writes into its directory before its first checkpoint (compare's cells:
 # their train.log first): a run killed that early starts afresh over them.
 STARTED_RUN = {"config.yaml", "spm.model", TRAINING_DATA, "logs", "tensorboard", "train.log"}
+
+
+RUN_LOCK = ".lock"  # in the run directory; a dot file, so not one of the run's own files
+# Set in every process of a multi-process run but its first: Lightning's DDP launcher, torchrun, SLURM
+RANK_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID")
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir`` for one training at a time: a second ``nmt train`` into it (a run
+    started twice, a compare run again while an orphaned cell trains on) is a one-line error
+    naming the process at it, not two processes writing the same checkpoints. The lock is the
+    kernel's (``flock``), so it goes with the process however that ends. Only the run's first
+    process takes it (a DDP launcher runs the same command again for the other ranks); on a
+    file system without locks it is not taken. A directory made here that ends holding
+    nothing but the lock (a start that failed) is removed again."""
+    if any(os.environ.get(name, "0") != "0" for name in RANK_VARIABLES):
+        yield
+        return
+    made = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / RUN_LOCK
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip()
+            raise NMTError(f"{run_dir} is being trained by another process"
+                           f"{f' (pid {holder})' if holder.isdecimal() else ''}: let it end, or "
+                           "stop it, then run this again") from None
+        except OSError:  # no locks here (some network file systems): train unguarded
+            yield
+            return
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        try:
+            yield
+        finally:
+            if made and [entry.name for entry in run_dir.iterdir()] == [RUN_LOCK]:
+                path.unlink()
+                run_dir.rmdir()
 
 
 def refuse_to_overwrite(run_dir: Path) -> None:

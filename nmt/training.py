@@ -56,6 +56,7 @@ from nmt.resume import (
     load_mapped,
     out_of_patience,
     record_training_data,
+    run_lock,
     time_spent,
 )
 from nmt.schedules import SCHEDULERS, SCHEDULES, steps_per_epoch
@@ -424,9 +425,18 @@ def train(config: Config) -> Path:
     check_training_config(config)  # fail on bad options now, not after data preparation
     absolute_file_paths(config)
     run_dir = run_dir_of(config)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise NMTError(f"--run-dir {run_dir} is a file; name a folder")
+    with run_lock(run_dir):
+        train_into(config, run_dir)
+    return run_dir
+
+
+def train_into(config: Config, run_dir: Path) -> None:
+    """``train`` once ``run_dir`` is this process's to write."""
     resume_from = check_resumable(config, run_dir)
     if resume_from is not None and nothing_to_train(config, resume_from):
-        return run_dir
+        return
     # A local corpus that is missing: one line, before the Trainer's; a Hub corpus is looked
     # up with the data, after Lightning has checked its options
     local_sources(config.data)
@@ -461,7 +471,6 @@ def train(config: Config) -> Path:
             # Lightning leaves the group to the process's exit, where a DDP worker tearing it
             # down aborted about every other run ("terminate called without an active exception").
             torch.distributed.destroy_process_group()
-    return run_dir
 
 
 def absolute_file_paths(config: Config) -> None:

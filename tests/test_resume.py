@@ -602,3 +602,31 @@ def test_the_learning_curve_reads_a_runs_segments_in_their_order(tmp_path):
         log.write_text(f"epoch,step,val_bleu,wall_minutes\n{version},{version},{version}.0,{version}.5\n")
     minutes, bleu = learning_curve.curve(tmp_path)
     assert minutes == [v + 0.5 for v in range(12)] and bleu == [float(v) for v in range(12)]
+
+
+def test_a_run_directory_being_trained_is_not_trained_into_twice(corpus, tmp_path, capsys):
+    """Two trainings in one run directory (the same command started twice; compare run again
+    while a cell's training, orphaned by a killed worker, trains on) both wrote its
+    checkpoints. The second is a one-line error naming the first's process, and the run
+    trains once the first has ended. A start that fails leaves no directory behind."""
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+         "from nmt.resume import run_lock\nwith run_lock(Path(sys.argv[1])):\n"
+         "    print('held', flush=True)\n    time.sleep(120)\n", str(run_dir)],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert main(args(corpus, run_dir, "trainer.max_steps=1")) == 1
+        assert capsys.readouterr().err == (f"error: {run_dir} is being trained by another process "
+                                           f"(pid {holder.pid}): let it end, or stop it, then run "
+                                           "this again\n")
+        assert sorted(path.name for path in run_dir.iterdir()) == [".lock"]  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(args(corpus, run_dir, "trainer.max_steps=1")) == 0
+    assert (run_dir / "last.ckpt").is_file()
+    missing = tmp_path / "new" / "run"  # fails after the lock is taken: the corpus is not there
+    assert main(args(corpus, missing, "data.train_files=[nowhere.src,nowhere.tgt]")) == 1
+    assert "nowhere.src" in capsys.readouterr().err and not missing.exists()
