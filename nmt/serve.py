@@ -346,6 +346,8 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
                                f"would serve {found}")
     if ensemble:
         check_ensemble(paths[0], ensemble, weights)
+        for member in ensemble:  # the worker loads them too: as the run's own, checked now
+            check_run_weights(member, weights)
     info = [model_info(name, path, engine, ensemble) for name, path in runs.items()]
     api = TranslationAPI(runs, engine, beam, max_batch, weights, precision, ensemble)
     # cuda or cpu, never LitServe's "auto" pick of Apple's mps, which our models do not run on

@@ -496,6 +496,33 @@ def test_a_served_runs_missing_chosen_weights_are_named_once(runs, tmp_path, cap
                                          "is gone: using best.ckpt") == 1
 
 
+@pytest.mark.parametrize("weights, message", [
+    (b"garbage", "incompatible or damaged checkpoint"),  # a file cut short or of something else
+    (None, "incompatible or damaged checkpoint (Error(s) in loading state_dict"),  # another model's
+])
+def test_an_ensemble_members_weights_that_do_not_load_are_one_line_before_start(
+        runs, capsys, tmp_path, monkeypatch, weights, message):
+    """As the run's own: a member's failed in the worker (its traceback, then "the server could
+    not start" without why), while translate --ensemble said it in one line."""
+    import litserve
+
+    _, paths, _ = runs
+    member = tmp_path / "member"
+    shutil.copytree(paths[1], member, ignore=shutil.ignore_patterns("eval"))
+    chosen = find_checkpoint(member, warn=False)
+    if weights is None:
+        checkpoint = torch.load(chosen, weights_only=False)
+        checkpoint["state_dict"] = {k: v[:1] for k, v in checkpoint["state_dict"].items()}
+        torch.save(checkpoint, chosen)
+    else:
+        chosen.write_bytes(weights)
+    monkeypatch.setattr(litserve.LitServer, "run", lambda self, **options: None)  # never starts
+    assert main(["serve", *free_port_option(), "--checkpoint", str(paths[0]),
+                 "--ensemble", str(member)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot load {chosen}: {message}" in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("argv,message", [
     (["{first}", "{second}", "--ensemble", "{second}"], "--ensemble serves one model"),
     (["{first}", "--ensemble", "{missing}"], "checkpoint directory not found"),
