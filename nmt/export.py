@@ -174,6 +174,13 @@ def check_export_target(out: Path) -> None:
                        "the new export would delete: move them, or choose a new --out")
 
 
+def check_export(model_dir: str | Path) -> None:
+    """A one-line ``NMTError`` where an export would not load (a damaged model.bin or
+    config.json): loaded once on the CPU and let go (a server checks this before its worker
+    processes load the models, whose failure is a traceback in the log)."""
+    CTranslate2Translator(model_dir, "cpu", threads=1)
+
+
 class CTranslate2Translator:
     """``Translator.translate`` on an exported model, run by CTranslate2.
 

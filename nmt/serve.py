@@ -344,6 +344,14 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
                 raise NMTError(f"--weights {weights} with several --checkpoint names a file in "
                                f"each run (e.g. averaged.ckpt), but {path} has none: every model "
                                f"would serve {found}")
+    else:  # an export that cannot load: as the run's weights
+        try:
+            from nmt.export import check_export
+        except ImportError:
+            raise NMTError('the ctranslate2 engine needs CTranslate2: pip install -e ".[export]"'
+                           ) from None
+        for path in runs.values():
+            check_export(path)
     if ensemble:
         check_ensemble(paths[0], ensemble, weights)
         for member in ensemble:  # the worker loads them too: as the run's own, checked now

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -407,6 +408,29 @@ def test_an_export_without_room_on_the_device_is_not_called_damaged(exported, tm
     err = capsys.readouterr().err
     assert err == (f"error: cannot load the CTranslate2 model in {exported}: CUDA failed with "
                    "error out of memory; free memory on the device, or decode on another device\n")
+
+
+@pytest.mark.parametrize("damage", ["model.bin", "config.json"])
+def test_a_damaged_export_is_refused_before_the_server_starts(exported, tmp_path, capsys,
+                                                              monkeypatch, damage):
+    """As a run's weights that do not load: it failed in the worker, with a traceback in the
+    log and then "the server could not start" without why."""
+    litserve = pytest.importorskip("litserve")
+    broken = tmp_path / "broken.ct2"
+    shutil.copytree(exported, broken)
+    if damage == "model.bin":
+        (broken / damage).write_bytes((exported / damage).read_bytes()[:1000])
+    else:
+        (broken / damage).write_text("{not json")
+    monkeypatch.setattr(litserve.LitServer, "run", lambda self, **options: None)  # never starts
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    assert main(["serve", "--engine", "ctranslate2", "--checkpoint", str(exported), str(broken),
+                 "--port", port]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot load the CTranslate2 model in {broken}: ")
+    assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize("damage", ["model.bin", "config.json"])
