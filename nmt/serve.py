@@ -40,12 +40,12 @@ from pydantic import AfterValidator
 from starlette.exceptions import HTTPException
 
 from nmt.attention_stats import attention_matrix
-from nmt.config import load_config
+from nmt.config import DECODING_PRECISIONS, load_config
 from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError
 from nmt.models import build_model, check_model_config, model_option
-from nmt.translator import check_ensemble, check_run_weights, source_limit
+from nmt.translator import check_ensemble, check_run_weights, decoding_options, source_limit
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 FIELDS = ("text", "beam", "attention", "model")
@@ -352,6 +352,8 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
                            ) from None
         for path in runs.values():
             check_export(path)
+    for path in runs.values():  # what the worker's warm-up would refuse: one line now
+        check_decoding_config(load_config(Path(path) / "config.yaml"), engine, beam, precision)
     if ensemble:
         check_ensemble(paths[0], ensemble, weights)
         for member in ensemble:  # the worker loads them too: as the run's own, checked now
@@ -367,6 +369,17 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
     server.app.add_exception_handler(HTTPException, http_error)
     add_page(server.app)
     return server
+
+
+def check_decoding_config(config, engine: str, beam: int, precision: str | None) -> None:
+    """A served model's decoding options (its config's, a hand-edited one's too) as
+    ``Translator.translate`` and ``decoding_precision`` check them in the worker, where a
+    refusal was a traceback in the log and then "the server could not start" without why."""
+    decoding_options(config.decoding, beam, 1, None)
+    chosen = precision or config.decoding.precision
+    if engine == "torch" and chosen not in DECODING_PRECISIONS:
+        raise NMTError(f"unknown decoding precision '{chosen}'; choose from: "
+                       f"{', '.join(DECODING_PRECISIONS)}")
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -523,6 +523,32 @@ def test_an_ensemble_members_weights_that_do_not_load_are_one_line_before_start(
     assert f"cannot load {chosen}: {message}" in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("max_len_ratio", -1.0, "decoding.max_len_ratio must be 0 or more, got -1.0"),
+    ("alpha", float("nan"), "the length penalty alpha must be a number, got nan"),
+    ("prune_margin", -2.0, "the prune margin must be >= 0 nats or none, got -2.0"),
+    ("precision", "fp16", "unknown decoding precision 'fp16'"),
+])
+def test_decoding_options_the_worker_would_refuse_are_one_line_before_start(
+        runs, capsys, tmp_path, monkeypatch, field, value, message):
+    """A run's config.yaml edited by hand: translate refuses it in one line; serve's worker
+    refused it at its warm-up, a traceback in the log and then "the server could not start"."""
+    import litserve
+
+    from nmt.config import load_config, save_config
+
+    _, paths, _ = runs
+    run = tmp_path / "edited"
+    shutil.copytree(paths[0], run, ignore=shutil.ignore_patterns("eval"))
+    config = load_config(run / "config.yaml")
+    setattr(config.decoding, field, value)
+    save_config(config, run / "config.yaml")
+    monkeypatch.setattr(litserve.LitServer, "run", lambda self, **options: None)  # never starts
+    assert main(["serve", *free_port_option(), "--checkpoint", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("argv,message", [
     (["{first}", "{second}", "--ensemble", "{second}"], "--ensemble serves one model"),
     (["{first}", "--ensemble", "{missing}"], "checkpoint directory not found"),
