@@ -18,6 +18,7 @@ from nmt.data.batching import Batch, PairDataset, decoding_loader
 from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.engines import check_engine_options
+from nmt.errors import NMTError
 from nmt.evaluate import split_pairs
 from nmt.memory import peak_memory_mb
 from nmt.metrics import score_corpus
@@ -256,6 +257,9 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
     ``ensemble``, the torch engine decodes with those runs too (``Translator.from_run_dir``)."""
     for engine in engines:
         check_engine_options(engine, None, None, ensemble)
+    if (Path(run_dir) / "model.bin").is_file():  # not "decode it with --engine ctranslate2"
+        raise NMTError(f"{run_dir} is a CTranslate2 export: bench decode takes a training run "
+                       "(--engine ctranslate2 exports it in float32)")
     translator = Translator.from_run_dir(run_dir, precision=precisions[0], ensemble=ensemble)
     sources, references = split_pairs(translator.config.data, split)
     corpus = {"src": sources[:limit], "tgt": references[:limit]}

@@ -136,6 +136,9 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     run_dir, out = Path(run_dir), Path(out)
     if quantization not in QUANTIZATIONS:
         raise NMTError(f"unknown quantization '{quantization}'; choose one of: {', '.join(QUANTIZATIONS)}")
+    if (run_dir / "model.bin").is_file():  # not "decode it with --engine ctranslate2"
+        raise NMTError(f"{run_dir} is a CTranslate2 export: nmt export takes the training run "
+                       "it came from")
     check_exportable(run_config(run_dir))
     check_export_target(out)
     # fp32 as stored: nothing is decoded, so auto's timing probe would only cost seconds

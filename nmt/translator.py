@@ -204,6 +204,8 @@ def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],
     if weights is not None and Path(weights).name != str(weights):
         raise NMTError(f"--weights {weights} with --ensemble names a file in each run (e.g. "
                        "averaged.ckpt), not a path")
+    if (Path(run_dir) / "model.bin").is_file():  # not "decode it with --engine ctranslate2"
+        raise NMTError(f"{run_dir} is a CTranslate2 export: --ensemble takes training runs")
     config = run_config(run_dir)
     pair = (config.data.src_lang, config.data.tgt_lang)
     vocabulary = Tokenizer(Path(run_dir) / "spm.model").vocabulary()

@@ -246,6 +246,24 @@ def test_ctranslate2_engine_needs_an_export(run, exported, capsys):
         capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["export", "--checkpoint", "{exported}", "--out", "{out}"],
+     "nmt export takes the training run it came from"),
+    (["bench", "decode", "--checkpoint", "{exported}", "--engine", "ctranslate2"],
+     "bench decode takes a training run (--engine ctranslate2 exports it in float32)"),
+    (["translate", "--checkpoint", "{exported}", "--ensemble", "{run}"],
+     "--ensemble takes training runs"),
+])
+def test_an_export_where_a_training_run_is_needed_is_named_so(run, exported, tmp_path, capsys,
+                                                              argv, message):
+    """They said "decode it with --engine ctranslate2": the option bench decode was given, one
+    export does not take, and one that refuses --ensemble."""
+    names = {"exported": exported, "run": run, "out": tmp_path / "again.ct2"}
+    assert main([arg.format(**names) for arg in argv]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {exported} is a CTranslate2 export: {message}\n"
+
+
 def test_a_failed_export_leaves_the_earlier_one_whole(run, tmp_path, capsys, monkeypatch):
     """CTranslate2 deleted the output folder before it wrote: an export that failed half-way
     (a file size limit here) left a model.bin without its config, which translated nothing."""
