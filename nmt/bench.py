@@ -255,6 +255,8 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
     for each engine (torch: at each decoding precision; ctranslate2: the run exported in
     float32) at each beam size; the fastest of ``repeat`` passes taken in turn. With
     ``ensemble``, the torch engine decodes with those runs too (``Translator.from_run_dir``)."""
+    # a beam or engine named twice: one row (it was timed twice, the ratios taking the last)
+    beams, engines = list(dict.fromkeys(beams)), tuple(dict.fromkeys(engines))
     for engine in engines:
         check_engine_options(engine, None, None, ensemble)
     if (Path(run_dir) / "model.bin").is_file():  # not "decode it with --engine ctranslate2"

@@ -198,6 +198,11 @@ def test_bench_decode(tiny, capsys):
     assert main(["bench", "decode", "--checkpoint", str(run), "--beam", "1", "--limit", "4",
                  "--precision", "32-true", "--repeat", "1", "--no-recompute"]) == 0
     assert [r["mode"] for r in last_json(capsys.readouterr().out)["rows"]] == ["greedy"]
+    # a beam or an engine named twice is one setting, timed once: one row
+    assert main(["bench", "decode", "--checkpoint", str(run), "--beam", "3,1,3", "--limit", "4",
+                 "--engine", "torch,torch", "--precision", "32-true", "--repeat", "1",
+                 "--no-recompute"]) == 0
+    assert [r["mode"] for r in last_json(capsys.readouterr().out)["rows"]] == ["beam3", "greedy"]
 
 
 @pytest.mark.parametrize("precision, dtype", [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32)])
