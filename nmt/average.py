@@ -124,6 +124,10 @@ def _load(path: Path) -> dict:
         raise NMTError(f"cannot load {path}: damaged checkpoint ({reason})") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise NMTError(f"{path} is not a training checkpoint (no state_dict)")
+    state = checkpoint["state_dict"]  # another program's may nest its parts (model, optimizer)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise NMTError(f"{path} is not a training checkpoint (its state_dict is not a "
+                       "tensor per weight's name)")
     return checkpoint
 
 

@@ -120,6 +120,20 @@ def test_final_weights_without_kept_checkpoints_or_best(tmp_path):
     assert final_weights(tmp_path, 5) == ("last.ckpt", "no validation wrote a best.ckpt")
 
 
+@pytest.mark.parametrize("state", [[torch.zeros(2)],  # not a dict
+                                   {"model": {"w": torch.zeros(2)}},  # parts nested
+                                   {"model.w": torch.zeros(2), "model.note": None}])
+def test_a_checkpoint_whose_state_dict_is_not_tensors_is_one_line(tmp_path, capsys, state):
+    """Another program's checkpoint with a state_dict key: an AttributeError's traceback."""
+    _save(tmp_path / "steps" / "step1.ckpt", state)
+    _save(tmp_path / "steps" / "step2.ckpt", {"model.w": torch.zeros(2)})
+    assert main(["average", "--checkpoint", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: {tmp_path / 'steps' / 'step1.ckpt'} is not a training checkpoint (its "
+                   "state_dict is not a tensor per weight's name)\n")
+    assert not (tmp_path / "averaged.ckpt").exists()
+
+
 def test_a_damaged_kept_checkpoint_leaves_best(tmp_path):
     _save(tmp_path / "steps" / "step90.ckpt", {"model.w": torch.randn(3)})
     (tmp_path / "steps" / "step100.ckpt").write_bytes(b"not a checkpoint")
