@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import ctranslate2
@@ -42,6 +43,16 @@ BESIDE_THE_MODEL = ("spm.model", "config.yaml")  # what our side needs: pieces a
 EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "shared_vocabulary.txt",
                 *BESIDE_THE_MODEL}
 NEVER_EMITTED = [["<pad>"], ["<s>"]]  # as in search.restrict
+# CTranslate2 divides a finished hypothesis' log-probability by length ** its length penalty
+# once the search is done (ours, GNMT's, is applied afterwards: ``ranked``). With a penalty of
+# 0 it also stops otherwise: not at the first K hypotheses to end, as ours and fairseq do, but
+# once its best candidate has ended, keeping the K of the highest log-probability among all
+# that ended by then, which ranked with GNMT's penalty can give another best (3 of test2016's
+# 1,000 beam-3 outputs of a small Transformer, none cut at the limit). So it runs with a
+# penalty, multiplied back out of its scores; with -1 its final sort (log-probability x
+# length) favours the shorter: of more than K that ended by then it keeps the earlier, as
+# ours keeps the first K to end.
+SEARCH_LENGTH_PENALTY = -1.0
 
 
 def check_exportable(config: Config) -> None:
@@ -184,6 +195,16 @@ def check_export(model_dir: str | Path) -> None:
     CTranslate2Translator(model_dir, "cpu", threads=1)
 
 
+@dataclass
+class Found:
+    """A sentence's hypotheses from CTranslate2 (pieces, EOS included where one ended), their
+    log-probabilities and, where asked for, attention."""
+
+    hypotheses: list[list[str]]
+    scores: list[float]
+    attention: list
+
+
 class CTranslate2Translator:
     """``Translator.translate`` on an exported model, run by CTranslate2.
 
@@ -192,8 +213,9 @@ class CTranslate2Translator:
     call, so beam search runs once per budget, greedy search once with the longest; the cut
     is applied afterwards and a cut output is scored anew with a forced EOS, as ours: the
     texts are exact for greedy search), and beam hypotheses are ranked with the
-    GNMT length penalty (CTranslate2's own is length ** alpha, so it runs with none and
-    returns all K finished hypotheses with their raw log-probabilities). Its beam search
+    GNMT length penalty (CTranslate2's own is length ** alpha: its search returns the first K
+    finished hypotheses, as ours, and their raw log-probabilities, see
+    ``SEARCH_LENGTH_PENALTY``). Its beam search
     differs from ours where a hypothesis meets the limit: ours ends it there, CTranslate2
     searches on past it, so hypotheses that ran past a line's own limit can end the same
     once cut, and its n-best list then holds fewer than n texts (duplicates are dropped). An
@@ -260,7 +282,8 @@ class CTranslate2Translator:
 
     def _search(self, sources: list[list[str]], budgets: list[int], beam_size: int,
                 need_attn: bool) -> list:
-        """CTranslate2's search: all K finished hypotheses, raw log-probabilities. It takes
+        """CTranslate2's search: the first K hypotheses to finish, with their raw
+        log-probabilities (``SEARCH_LENGTH_PENALTY`` taken back out). It takes
         one length limit per call, and a beam that may run past a sentence's own limit finds
         other hypotheses, so the sentences of each budget are searched together, apart from
         the others: a sentence's output does not depend on the lines beside it."""
@@ -269,18 +292,21 @@ class CTranslate2Translator:
         for i, budget in enumerate(budgets):
             # greedy search's path to a limit is the same whatever the limit: one group
             groups.setdefault(budget if beam_size > 1 else 0, []).append(i)
+        penalty = SEARCH_LENGTH_PENALTY if beam_size > 1 else 0.0  # greedy: one hypothesis
         for group in groups.values():
             budget = max(budgets[i] for i in group)
             results = self.engine.translate_batch(
                 [sources[i] for i in group], max_batch_size=self.config.data.eval_max_tokens,
                 batch_type="tokens", beam_size=beam_size, num_hypotheses=beam_size,
-                length_penalty=0.0, suppress_sequences=NEVER_EMITTED,
+                length_penalty=penalty, suppress_sequences=NEVER_EMITTED,
                 max_decoding_length=budget, max_input_length=0,
                 min_decoding_length=0,  # EOS may come first, as in ours
                 return_scores=True, return_attention=need_attn,
                 return_end_token=True)  # with the EOS step's attention row, as ours
-            for i, result in zip(group, results):
-                found[i] = result
+            for i, result in zip(group, results):  # its length counts the EOS it returns
+                found[i] = Found(result.hypotheses, [score * len(pieces) ** penalty for score, pieces
+                                                     in zip(result.scores, result.hypotheses)],
+                                 result.attention)
         return found
 
     def _budgets(self, sources: list[list[str]], ratio: float) -> list[int]:
