@@ -19,6 +19,8 @@ from nmt.files import write_atomic
 from nmt.metrics import score_corpus
 from nmt.translator import Translator, decoding_options
 
+KEPT_DIR = "steps"  # nmt.average.STEPS_DIR, not imported: it would import Lightning (1-2 s)
+
 
 def split_pairs(data: DataConfig, split: str) -> tuple[list[str], list[str]]:
     """Source lines and their references in ``split`` of the configured corpus."""
@@ -113,7 +115,8 @@ def eval_file_stem(split: str, beam: int, weights: str | None = None, alpha: flo
                    ensemble: list[str] = ()) -> str:
     """RUN/eval/<stem>.{hyp,json}: the split and beam, then each decoding option that was given
     (None: not given): the weights file as ``weights_name`` gives it (its stem; a file outside
-    the run also a hash of its path, so that it never shares the run's own files' names),
+    the run, or in a folder of it other than steps/, also a hash of its path, so that it never
+    shares another file's names: evaluating old/step9.ckpt replaced steps/step9.ckpt's),
     alpha, precision, the prune margin as ``margin_name`` writes it, and the other members of
     an ensemble (their number with the run's, and a hash of their weights files' paths)."""
     parts = [f"{split}.beam{beam}"]
@@ -121,8 +124,10 @@ def eval_file_stem(split: str, beam: int, weights: str | None = None, alpha: flo
         parts.append(f"ensemble{len(ensemble) + 1}-{paths_hash(list(ensemble))}")
     if weights:
         path = Path(weights)
-        outside = f"-{paths_hash([weights])}" if path.is_absolute() else ""
-        parts.append(path.stem + outside)
+        # the run's own files by name: in it, or kept by training in steps/ (step<N>: unique);
+        # a file in another folder, or outside the run, also by a hash of its path
+        own = not path.is_absolute() and path.parent in (Path("."), Path(KEPT_DIR))
+        parts.append(path.stem + ("" if own else f"-{paths_hash([weights])}"))
     if alpha is not None:
         parts.append(f"alpha{alpha:g}")
     if precision:

@@ -41,6 +41,19 @@ def test_weights_from_outside_the_run_never_share_the_runs_file_names():
     assert other.startswith("test.beam5.averaged-")
 
 
+def test_weights_in_a_folder_of_the_run_never_share_the_kept_checkpoints_file_names():
+    """evaluate --weights old/step9.ckpt overwrote RUN/eval/test.beam5.step9.*, the scores of
+    steps/step9.ckpt (and the other way round): both were named by the file's stem alone."""
+    from nmt.average import STEPS_DIR
+    from nmt.evaluate import KEPT_DIR
+
+    assert KEPT_DIR == STEPS_DIR  # where training keeps them
+    kept = eval_file_stem("test", 5, weights="steps/step9.ckpt")
+    assert kept == "test.beam5.step9"  # the run's own: by name, as a file directly in it
+    others = {eval_file_stem("test", 5, weights=f"{folder}/step9.ckpt") for folder in ("old", "new")}
+    assert len(others | {kept}) == 3 and all(o.startswith("test.beam5.step9-") for o in others)
+
+
 def test_a_length_penalty_that_is_not_a_number_is_refused():
     """--alpha nan decoded, scored every hypothesis nan and wrote "alpha": NaN, not JSON."""
     from nmt.config import DecodingConfig
