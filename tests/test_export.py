@@ -461,18 +461,23 @@ def test_an_export_without_room_on_the_device_is_not_called_damaged(exported, tm
                    "error out of memory; free memory on the device, or decode on another device\n")
 
 
+def damaged_copy(exported: Path, broken: Path, damage: str) -> Path:
+    """A copy of an export with ``damage`` (model.bin cut short, or config.json not JSON)."""
+    shutil.copytree(exported, broken)
+    if damage == "model.bin":
+        (broken / damage).write_bytes((exported / damage).read_bytes()[:1000])
+    else:
+        (broken / damage).write_text("{not json")
+    return broken
+
+
 @pytest.mark.parametrize("damage", ["model.bin", "config.json"])
 def test_a_damaged_export_is_refused_before_the_server_starts(exported, tmp_path, capsys,
                                                               monkeypatch, damage):
     """As a run's weights that do not load: it failed in the worker, with a traceback in the
     log and then "the server could not start" without why."""
     litserve = pytest.importorskip("litserve")
-    broken = tmp_path / "broken.ct2"
-    shutil.copytree(exported, broken)
-    if damage == "model.bin":
-        (broken / damage).write_bytes((exported / damage).read_bytes()[:1000])
-    else:
-        (broken / damage).write_text("{not json")
+    broken = damaged_copy(exported, tmp_path / "broken.ct2", damage)
     monkeypatch.setattr(litserve.LitServer, "run", lambda self, **options: None)  # never starts
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
@@ -486,12 +491,7 @@ def test_a_damaged_export_is_refused_before_the_server_starts(exported, tmp_path
 
 @pytest.mark.parametrize("damage", ["model.bin", "config.json"])
 def test_a_damaged_export_is_a_one_line_error(exported, tmp_path, capsys, damage):
-    broken = tmp_path / "broken.ct2"
-    shutil.copytree(exported, broken)
-    if damage == "model.bin":
-        (broken / damage).write_bytes((exported / damage).read_bytes()[:1000])
-    else:
-        (broken / damage).write_text("{not json")
+    broken = damaged_copy(exported, tmp_path / "broken.ct2", damage)
     source = tmp_path / "in.txt"
     source.write_text("haus\n")
     assert main(["translate", "--engine", "ctranslate2", "--checkpoint", str(broken),
