@@ -247,11 +247,18 @@ def _use_threads(threads: int) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
+def threads_per_worker(workers: int) -> int:
+    """An equal share of the CPUs this process may use (a container's or taskset's share, not
+    the machine's: more threads than CPUs slow every worker down), at least one."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // workers)
+
+
 def record_in_parallel(jobs: list[tuple], workers: int) -> None:
     """``record_cell(*job)`` for every job, ``workers`` cells at a time, each in its own process
     with an equal share of the CPU threads (e.g. several small cells sharing one GPU). A cell
     that fails does not stop the others; the failures are reported at the end."""
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = threads_per_worker(workers)
     failed = []
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_use_threads, initargs=(threads,)) as pool:

@@ -27,7 +27,7 @@ from nmt.data.corpus import test_set_name
 from nmt.data.prepare import lines_sha1
 from nmt.errors import NMTError
 from nmt.evaluate import split_pairs
-from nmt.files import write_atomic
+from nmt.files import atomic_path, write_atomic
 from nmt.study_cell import read_hypotheses, read_record
 from nmt.study_cost import cost_markdown
 from nmt.study_figures import draw_figures
@@ -262,7 +262,7 @@ def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | 
     table += "\n" + provenance_markdown(records)
     write_atomic(out / "compare.md", table)
     write_atomic(out / "compare.json", json.dumps(rows, indent=1) + "\n")
-    with open(out / "compare.csv", "w", newline="") as f:
+    with atomic_path(out / "compare.csv") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
         writer.writeheader()
         writer.writerows(rows)

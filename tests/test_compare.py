@@ -694,3 +694,34 @@ def test_a_group_of_no_seeds_is_an_error(tmp_path, capsys):
     assert main(["compare", "--config", str(path), "--preset", "x", "--out", str(tmp_path / "x"),
                  "--runs", str(tmp_path / "runs")]) == 1
     assert capsys.readouterr().err == "error: preset x: group main has seeds 0: at least 1\n"
+
+
+def test_a_table_write_that_fails_keeps_the_csv_before(study, monkeypatch):
+    """compare.csv was rewritten in place (compare.md and .json atomically): a write that
+    failed part of the way (a full disk) left it cut short."""
+    import csv
+
+    run, out, _, _ = study
+    before = (out / "a" / "compare.csv").read_text()
+
+    def disk_full(self, rows):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", disk_full)
+    try:
+        run("a", "--tables-only")
+    except OSError:
+        pass
+    assert (out / "a" / "compare.csv").read_text() == before
+
+
+def test_parallel_cells_share_the_cpus_this_process_may_use(monkeypatch):
+    """--jobs divided the machine's core count among its workers, not the CPUs a container or
+    taskset leaves this process: 64 cores seen, 4 allowed, 2 workers ran 32 threads each."""
+    import os
+
+    from nmt.compare import threads_per_worker
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert [threads_per_worker(n) for n in (1, 2, 3, 8)] == [4, 2, 1, 1]
