@@ -37,15 +37,23 @@ def current_records(cfg: CompareConfig, preset: str, out: Path, extra: list[str]
                     seeds: int | None = None) -> dict[Cell, dict]:
     """Records of the preset's cells (with the command line's ``extra`` options and ``seeds``)
     whose key still matches their resolved configuration, scored at the beam ``cfg`` asks."""
-    found = {}
+    found, left_out = {}, []
     for cell in cells_of(cfg, preset, seeds):
         record = read_record(out / "cells" / cell.name)
-        if record is not None:
-            key, _ = cell_key(cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra or []))
-            if record["key"] == key and scored_as_asked(record, cfg):
-                record["hyps"] = read_hypotheses(out / "cells" / cell.name,
-                                                 record["scores"]["sentences"])
-                found[cell] = record
+        if record is None:
+            continue
+        key, _ = cell_key(cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra or []))
+        if record["key"] != key:
+            left_out.append(f"{cell.name} (trained with other options)")
+        elif not scored_as_asked(record, cfg):
+            left_out.append(f"{cell.name} (scored at beam {record['scores'].get('beam')}, "
+                            f"not {cfg.beam})")
+        else:
+            record["hyps"] = read_hypotheses(out / "cells" / cell.name, record["scores"]["sentences"])
+            found[cell] = record
+    if left_out:  # compare without --tables-only trains or decodes them again
+        print(f"left out of the tables, recorded as the preset no longer asks: {'; '.join(left_out)}",
+              flush=True)
     return found
 
 
@@ -133,7 +141,7 @@ def summarise(cfg: CompareConfig, records: dict[Cell, dict], p_boot: dict[Cell, 
             "group": group, "family": family, "attention": attention, "variant": variant,
             "d_k": model["d_model"] // model["heads"] if model["family"] == "transformer"
             else model["hidden_size"],
-            "seeds": len(bleus), "bleu": _mean(bleus),
+            "seeds": len(bleus), "seed_numbers": sorted(mine), "bleu": _mean(bleus),
             "bleu_std": round(statistics.stdev(bleus), 2) if len(bleus) > 1 else None,
             "chrf": _mean([r["scores"]["chrf"] for r in mine.values()]),
             "is_baseline": attention == cfg.baselines[family],
@@ -182,7 +190,10 @@ def _cell_text(row: dict, key: str) -> str:
     if key in ("p_boot", "p_seeds") and row["is_baseline"]:
         return "baseline"
     if key == "p_boot":
-        return " / ".join("-" if p is None else str(p) for p in value) or "-"
+        texts = ["-" if p is None else str(p) for p in value]
+        if row["seed_numbers"] != list(range(1, len(texts) + 1)):  # seeds 2 and 3, say
+            texts = [f"seed {seed}: {text}" for seed, text in zip(row["seed_numbers"], texts)]
+        return " / ".join(texts) or "-"
     return "-" if value is None else str(value)
 
 

@@ -725,3 +725,36 @@ def test_parallel_cells_share_the_cpus_this_process_may_use(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert [threads_per_worker(n) for n in (1, 2, 3, 8)] == [4, 2, 1, 1]
+
+
+def test_tables_say_which_records_they_leave_out(study, capsys):
+    """A record scored at another beam (or trained with options the preset no longer gives)
+    was left out of --tables-only's tables without a word: a baseline left out so took its
+    rivals' p-values with it."""
+    _, out, _, folder = study
+    config = yaml.safe_load((folder / "compare.yaml").read_text())
+    config["beam"] = 5
+    other = folder / "beam5.yaml"
+    other.write_text(yaml.safe_dump(config, sort_keys=False))
+    before = (out / "a" / "compare.md").read_text()
+    capsys.readouterr()
+    assert main(["compare", "--config", str(other), "--preset", "a", "--out", str(out / "a"),
+                 "--runs", str(folder / "no_runs"), "--tables-only"]) == 0  # none to decode anew
+    printed = capsys.readouterr().out
+    (note,) = [line for line in printed.splitlines() if line.startswith("left out of the tables")]
+    cells = sorted(path.name for path in (out / "a" / "cells").iterdir())
+    assert note.startswith("left out of the tables, recorded as the preset no longer asks: ")
+    assert sorted(note.split(": ", 1)[1].split("; ")) == [f"{cell} (scored at beam 3, not 5)"
+                                                          for cell in cells]
+    assert "no recorded cells yet: nothing to table" in printed
+    assert (out / "a" / "compare.md").read_text() == before
+
+
+def test_p_values_of_seeds_other_than_1_to_n_name_their_seeds():
+    """A cell recorded for seeds 2 and 3 listed its two p-values as "p / p" under "p boot
+    (per seed)", read as seeds 1 and 2."""
+    from nmt.study_report import _cell_text
+
+    row = {"is_baseline": False, "p_boot": [0.01, None], "seed_numbers": [2, 3]}
+    assert _cell_text(row, "p_boot") == "seed 2: 0.01 / seed 3: -"
+    assert _cell_text({**row, "seed_numbers": [1, 2]}, "p_boot") == "0.01 / -"
