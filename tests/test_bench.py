@@ -166,15 +166,37 @@ def test_bench_train_accumulates_as_training_does(tiny, capsys):
     assert 1.5 < two["tgt_tokens_per_step"] / one["tgt_tokens_per_step"] < 2.5
 
 
-def test_the_cpu_peak_is_measured_at_2048_unless_a_product_would_take_long(monkeypatch):
+def product_clock(gflops: float):
+    """A ``time.perf_counter`` under which each n x n product ``cpu_peak_size`` times takes
+    2 n^3 / ``gflops`` ns: it reads the clock twice a size, for n = 256, 512, 1024."""
+    now, reads, sizes = 0.0, 0, iter([256, 512, 1024])
+
+    def clock() -> float:
+        nonlocal now, reads
+        reads += 1
+        if reads % 2 == 0:  # the product's end
+            now += 2 * next(sizes) ** 3 / (gflops * 1e9)
+        return now
+
+    return clock
+
+
+@pytest.mark.parametrize("dtype,gflops,size", [
+    (torch.float32, 100.0, 2048),  # kernels, a quiet machine: the 2048 reference
+    (torch.float32, 20.0, 1024),  # a 1024 product 0.11 s: a 2048 one would take 0.86 s
+    (torch.float16, 2.0, 512),  # no fp16 kernels: a 1024 product would take 1.07 s
+    (torch.float16, 1e-3, 256),  # every product seems to take long: the smallest
+])
+def test_the_cpu_peak_is_measured_at_2048_unless_a_product_would_take_long(monkeypatch, dtype, gflops,
+                                                                           size):
     """fp16 on a CPU without fp16 kernels (1-3 GFLOP/s) spent minutes on ten 2048 products
-    under bench train with 16-mixed; a type with kernels keeps the 2048 reference."""
+    under bench train with 16-mixed; a type with kernels keeps the 2048 reference. The clock
+    is the test's: with the machine's, a busy one (the suite under xdist beside trainings on a
+    16-core Xeon) took over 1/16 s for a 1024 fp32 product and got 1024."""
     from nmt import bench
 
-    assert bench.cpu_peak_size(torch.float32) == 2048
-    clock = iter(range(10**6))  # every product seems to take a second
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: float(next(clock)))
-    assert bench.cpu_peak_size(torch.float16) == 256
+    monkeypatch.setattr(bench.time, "perf_counter", product_clock(gflops))
+    assert bench.cpu_peak_size(dtype) == size
 
 
 def test_bench_decode(tiny, capsys):
