@@ -269,8 +269,11 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
         decoders = []  # (engine, translator)
         for engine in engines:
             if engine == "torch":  # one per precision they resolve to: auto may be 32-true
-                chosen = {}
-                for p in precisions:
+                # the first is the translator's, resolved once: auto probed again (its answer
+                # not cached on a busy machine) could choose otherwise, and the speed-ups are
+                # against the translator's precision
+                chosen = {translator.precision.precision: translator}
+                for p in precisions[1:]:
                     decoder = Translator(translator.model, translator.tokenizer, translator.config, p)
                     chosen.setdefault(decoder.precision.precision, decoder)
                 decoders += [(engine, decoder) for decoder in chosen.values()]
