@@ -69,11 +69,17 @@ def write_corpus(folder: Path, sizes=(("train", 300), ("val", 40), ("test", 30))
 
 
 def tiny_train_args(files: dict, run_dir: Path, data_dir: Path, epochs: int = 1) -> list[str]:
-    """Command-line arguments for a seconds-long training run on ``write_corpus`` files."""
+    """Command-line arguments for a seconds-long training run on ``write_corpus`` files.
+    It trains and decodes in 32-true, not auto: on a CPU with bf16 (an AMX Xeon, Zen 4/5) auto
+    times bf16 against fp32 and prints two lines on stderr unless $NMT_CACHE_DIR/precision.json
+    holds the answer, which depends on the tests run before (in this process or another xdist
+    worker) and, for decoding, on the machine being quiet (a busy machine's answer is not
+    cached). Tests of auto ask for it (test_precision.py; trainer.precision=auto here)."""
     return [
         "train", "--run-dir", str(run_dir), "--max-epochs", str(epochs),
         *tiny_options(files, data_dir), "trainer.log_every_n_steps=1",
         "trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
+        "trainer.precision=32-true", "decoding.precision=32-true",
     ]
 
 
