@@ -255,11 +255,11 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     kernel's (``flock``), so it goes with the process however that ends. Only the run's first
     process takes it (a DDP launcher runs the same command again for the other ranks); on a
     file system without locks it is not taken. A directory made here that ends holding
-    nothing but the lock (a start that failed) is removed again."""
+    nothing but the lock (a start that failed) is removed again, with the folders made for it."""
     if any(os.environ.get(name, "0") != "0" for name in RANK_VARIABLES):
         yield
         return
-    made = not run_dir.exists()
+    made = [folder for folder in (run_dir, *run_dir.parents) if not folder.exists()]
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / RUN_LOCK
     with open(path, "a+") as lock:
@@ -282,7 +282,18 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         finally:
             if made and [entry.name for entry in run_dir.iterdir()] == [RUN_LOCK]:
                 path.unlink()
-                run_dir.rmdir()
+                remove_empty(made)
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (a run directory, then the parents made for it) while they are empty.
+    One that is not (another start there, since its lock file went) is left, without an error
+    in place of the one that ended this start."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def refuse_to_overwrite(run_dir: Path) -> None:

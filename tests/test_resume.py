@@ -630,3 +630,32 @@ def test_a_run_directory_being_trained_is_not_trained_into_twice(corpus, tmp_pat
     missing = tmp_path / "new" / "run"  # fails after the lock is taken: the corpus is not there
     assert main(args(corpus, missing, "data.train_files=[nowhere.src,nowhere.tgt]")) == 1
     assert "nowhere.src" in capsys.readouterr().err and not missing.exists()
+
+
+def test_a_failed_start_removes_the_folders_made_for_it(corpus, tmp_path, capsys):
+    """A start that failed removed its run directory but not the parents it had made for it
+    (runs/new/ of --run-dir runs/new/run stayed, empty). A folder that was there is kept."""
+    missing = tmp_path / "new" / "deeper" / "run"
+    assert main(args(corpus, missing, "data.train_files=[nowhere.src,nowhere.tgt]")) == 1
+    assert "nowhere.src" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+
+
+def test_a_start_there_meanwhile_does_not_hide_why_a_start_failed(corpus, tmp_path, monkeypatch,
+                                                                  capsys):
+    """A failed start removes its lock file, then its folder: a second start that made its own
+    lock file there in between (a command started twice) made the first's error 'Directory not
+    empty' in place of its own. The folder is left to the second."""
+    run_dir = tmp_path / "new" / "run"
+    unlink = Path.unlink
+
+    def another_start_between(self, *arguments, **options):
+        unlink(self, *arguments, **options)
+        if self.name == ".lock":
+            self.write_text("123\n")  # the second start's lock file, opened as the first's went
+
+    monkeypatch.setattr(Path, "unlink", another_start_between)
+    assert main(args(corpus, run_dir, "data.train_files=[nowhere.src,nowhere.tgt]")) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: data.train_files: no such file") and err.count("\n") == 1
+    assert sorted(path.name for path in run_dir.iterdir()) == [".lock"]
