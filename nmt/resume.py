@@ -243,8 +243,11 @@ STARTED_RUN = {"config.yaml", "spm.model", TRAINING_DATA, "logs", "tensorboard",
 
 
 RUN_LOCK = ".lock"  # in the run directory; a dot file, so not one of the run's own files
-# Set in every process of a multi-process run but its first: Lightning's DDP launcher, torchrun, SLURM
-RANK_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID")
+# Set in every process of a multi-process run but its first, by each launcher Lightning runs
+# under: its own DDP launcher, torchrun, SLURM, MPI (Open MPI, MPICH, PMIx: mpirun with
+# mpi4py installed) and LSF's jsrun, whose ranks all run this same command
+RANK_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                  "PMI_RANK", "PMIX_RANK", "JSM_NAMESPACE_RANK")
 
 
 @contextmanager

@@ -659,3 +659,34 @@ def test_a_start_there_meanwhile_does_not_hide_why_a_start_failed(corpus, tmp_pa
     err = capsys.readouterr().err
     assert err.startswith("error: data.train_files: no such file") and err.count("\n") == 1
     assert sorted(path.name for path in run_dir.iterdir()) == [".lock"]
+
+
+def test_the_other_ranks_of_every_launcher_run_without_the_lock(tmp_path, monkeypatch):
+    """The run's first process holds the lock; the others run the same command and must not
+    take it. Under mpirun (Lightning's MPI environment; with mpi4py) and LSF's jsrun, whose
+    ranks set none of LOCAL_RANK, NODE_RANK, RANK or SLURM_PROCID, rank 1 stopped with 'being
+    trained by another process', and the run with it."""
+    from nmt.resume import RANK_VARIABLES, run_lock
+
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+         "from nmt.resume import run_lock\nwith run_lock(Path(sys.argv[1])):\n"
+         "    print('held', flush=True)\n    time.sleep(120)\n", str(run_dir)],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if k not in RANK_VARIABLES})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        for name in RANK_VARIABLES:
+            monkeypatch.delenv(name, raising=False)
+        for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "JSM_NAMESPACE_RANK"):
+            with monkeypatch.context() as env:
+                env.setenv(name, "1")
+                with run_lock(run_dir):  # rank 1 of an MPI or LSF run: no error
+                    pass
+        with pytest.raises(NMTError, match="being trained by another process"):
+            with run_lock(run_dir):  # a second run's first process: refused, as before
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
