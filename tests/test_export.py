@@ -107,10 +107,12 @@ def test_a_beam_search_keeps_the_first_k_hypotheses_to_end_as_ours(run, exported
                                                                    monkeypatch):
     """With PAD and BOS taken out of our softmax as CTranslate2 suppresses them (the tiny
     model gives them weight, so the two engines' probabilities would differ), CTranslate2's K
-    hypotheses are ours, in our order, for every sentence whose K ended within its limit.
-    CTranslate2 without a length penalty searched on until its best candidate had ended, and
-    kept the K of the highest log-probability: 14 to 27 of the 39 to 49 such sentences
-    differed at beams 3, 5 and 8."""
+    hypotheses are ours, in our order, for every sentence whose K ended within its limit (on
+    this run: of more than K ended at once it keeps the K of the highest log-probability x
+    length, at times not ours, the first K; see export.SEARCH_LENGTH_PENALTY). CTranslate2
+    without a length penalty searched on until its best candidate had ended, and kept the K of
+    the highest log-probability: 14 to 27 of the 39 to 49 such sentences differed at beams 3,
+    5 and 8."""
     restrict = search.restrict
 
     def as_ctranslate2(log_probs, must_end):
