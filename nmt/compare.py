@@ -248,8 +248,9 @@ def _use_threads(threads: int) -> None:
 
 
 def threads_per_worker(workers: int) -> int:
-    """An equal share of the CPUs this process may use (a container's or taskset's share, not
-    the machine's: more threads than CPUs slow every worker down), at least one."""
+    """An equal share of the CPUs this process may run on (a cpuset's: taskset, a container's
+    --cpuset-cpus; not a CPU quota, which affinity does not show), at least one: more threads
+    than CPUs slow every worker down."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cpus // workers)
 

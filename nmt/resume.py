@@ -12,10 +12,12 @@ import hashlib
 import inspect
 import json
 import os
+import socket
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import torch
 import yaml
@@ -250,36 +252,47 @@ RANK_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_
                   "PMI_RANK", "PMIX_RANK", "JSM_NAMESPACE_RANK")
 
 
+def first_process() -> bool:
+    """Whether this is a run's first process (or its only one): every launcher sets a rank
+    variable other than 0 in the others (``RANK_VARIABLES``)."""
+    return all(os.environ.get(name, "0") == "0" for name in RANK_VARIABLES)
+
+
+def hold(lock: IO[str], run_dir: Path) -> None:
+    """Take the kernel's lock (``flock``) on the open ``lock`` file and note who holds it; a
+    one-line error naming the holder where another process has it. A file system without
+    locks (some network ones) is trained on unguarded."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip()
+        raise NMTError(f"{run_dir} is being trained by another process"
+                       f"{f' ({holder})' if holder.startswith('pid ') else ''}: let it end, or "
+                       "stop it, then run this again") from None
+    except OSError:
+        return
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")  # a shared file system: which host
+    lock.flush()
+
+
 @contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir`` for one training at a time: a second ``nmt train`` into it (a run
     started twice, a compare run again while an orphaned cell trains on) is a one-line error
-    naming the process at it, not two processes writing the same checkpoints. The lock is the
-    kernel's (``flock``), so it goes with the process however that ends. Only the run's first
-    process takes it (a DDP launcher runs the same command again for the other ranks); on a
-    file system without locks it is not taken. A directory made here that ends holding
+    naming the process at it, not two processes writing the same checkpoints. The lock goes
+    with the process however that ends. Only the run's first process takes it (a DDP launcher
+    runs the same command again for the other ranks). A directory made here that ends holding
     nothing but the lock (a start that failed) is removed again, with the folders made for it."""
-    if any(os.environ.get(name, "0") != "0" for name in RANK_VARIABLES):
+    if not first_process():
         yield
         return
     made = [folder for folder in (run_dir, *run_dir.parents) if not folder.exists()]
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / RUN_LOCK
     with open(path, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip()
-            raise NMTError(f"{run_dir} is being trained by another process"
-                           f"{f' (pid {holder})' if holder.isdecimal() else ''}: let it end, or "
-                           "stop it, then run this again") from None
-        except OSError:  # no locks here (some network file systems): train unguarded
-            yield
-            return
-        lock.truncate(0)
-        lock.write(f"{os.getpid()}\n")
-        lock.flush()
+        hold(lock, run_dir)
         try:
             yield
         finally:

@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -619,8 +620,8 @@ def test_a_run_directory_being_trained_is_not_trained_into_twice(corpus, tmp_pat
         assert holder.stdout.readline() == "held\n"
         assert main(args(corpus, run_dir, "trainer.max_steps=1")) == 1
         assert capsys.readouterr().err == (f"error: {run_dir} is being trained by another process "
-                                           f"(pid {holder.pid}): let it end, or stop it, then run "
-                                           "this again\n")
+                                           f"(pid {holder.pid} on {socket.gethostname()}): let it end, "
+                                           "or stop it, then run this again\n")
         assert sorted(path.name for path in run_dir.iterdir()) == [".lock"]  # nothing written
     finally:
         holder.kill()
