@@ -34,9 +34,11 @@ from nmt.study_figures import draw_figures
 
 
 def current_records(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | None = None,
-                    seeds: int | None = None) -> dict[Cell, dict]:
+                    seeds: int | None = None) -> tuple[dict[Cell, dict], list[str]]:
     """Records of the preset's cells (with the command line's ``extra`` options and ``seeds``)
-    whose key still matches their resolved configuration, scored at the beam ``cfg`` asks."""
+    whose key still matches their resolved configuration, scored at the beam ``cfg`` asks; and
+    the others recorded, each with why it is left out (compare without --tables-only trains
+    or decodes them again)."""
     found, left_out = {}, []
     for cell in cells_of(cfg, preset, seeds):
         record = read_record(out / "cells" / cell.name)
@@ -51,10 +53,7 @@ def current_records(cfg: CompareConfig, preset: str, out: Path, extra: list[str]
         else:
             record["hyps"] = read_hypotheses(out / "cells" / cell.name, record["scores"]["sentences"])
             found[cell] = record
-    if left_out:  # compare without --tables-only trains or decodes them again
-        print(f"left out of the tables, recorded as the preset no longer asks: {'; '.join(left_out)}",
-              flush=True)
-    return found
+    return found, left_out
 
 
 def paired_bootstrap(baseline: list[str], systems: dict[str, list[str]], refs: list[str],
@@ -257,7 +256,11 @@ def cost_table(path: Path, rows: list[dict]) -> str:
 def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | None = None,
                  seeds: int | None = None) -> list[dict]:
     """compare.{md,json,csv} and the figures of every recorded cell (see ``current_records``)."""
-    records = current_records(cfg, preset, out, extra, seeds)
+    records, left_out = current_records(cfg, preset, out, extra, seeds)
+    left_out_note = ("Left out of the tables, recorded as the preset no longer asks: "
+                     f"{'; '.join(left_out)}." if left_out else "")
+    if left_out_note:
+        print(left_out_note, flush=True)
     if not records:
         print("no recorded cells yet: nothing to table", flush=True)
         return []
@@ -268,6 +271,8 @@ def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | 
     test_sets = sorted({record.get("test_set") or test_set_name(cell_data(cfg, preset, cell, extra or []))
                         for cell, record in records.items()})
     table = markdown(rows, first["scores"]["bleu_signature"], test_sets)
+    if left_out_note:
+        table += "\n" + left_out_note + "\n"
     if (out / "cost.json").is_file():
         table += "\n" + cost_table(out / "cost.json", rows)
     table += "\n" + provenance_markdown(records)

@@ -560,8 +560,9 @@ def test_the_committed_study_names_where_each_cell_ran_as_the_code_tables_it(mon
 
     monkeypatch.chdir(REPO)  # the config names its families' configs relative to the repository
     study = REPO / "study" / "study"
-    records = current_records(load_compare_config(REPO / "configs" / "compare.yaml"), "study", study)
-    assert len(records) == 48
+    records, left_out = current_records(load_compare_config(REPO / "configs" / "compare.yaml"), "study",
+                                        study)
+    assert len(records) == 48 and left_out == []
     assert provenance_markdown(records) in (study / "compare.md").read_text()
 
 
@@ -738,10 +739,10 @@ def test_tables_say_which_records_they_leave_out(study, capsys):
     assert main(["compare", "--config", str(other), "--preset", "a", "--out", str(out / "a"),
                  "--runs", str(folder / "no_runs"), "--tables-only"]) == 0  # none to decode anew
     printed = capsys.readouterr().out
-    (note,) = [line for line in printed.splitlines() if line.startswith("left out of the tables")]
+    (note,) = [line for line in printed.splitlines() if line.startswith("Left out of the tables")]
     cells = sorted(path.name for path in (out / "a" / "cells").iterdir())
-    assert note.startswith("left out of the tables, recorded as the preset no longer asks: ")
-    assert sorted(note.split(": ", 1)[1].split("; ")) == [f"{cell} (scored at beam 3, not 5)"
+    assert note.startswith("Left out of the tables, recorded as the preset no longer asks: ")
+    assert sorted(note.rstrip(".").split(": ", 1)[1].split("; ")) == [f"{cell} (scored at beam 3, not 5)"
                                                           for cell in cells]
     assert "no recorded cells yet: nothing to table" in printed
     assert (out / "a" / "compare.md").read_text() == before
