@@ -23,7 +23,8 @@ from nmt.evaluate import split_pairs
 from nmt.memory import peak_memory_mb
 from nmt.metrics import score_corpus
 from nmt.models import build_model
-from nmt.precision import autocast_dtype, cpu_model
+from nmt.precision import autocast_dtype
+from nmt.provenance import device_name
 from nmt.search import max_output_lengths, restrict
 from nmt.trainer import benchmark_trainer, training_precision
 from nmt.training import TranslationModule, check_batches_per_process, check_training_config
@@ -138,8 +139,7 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
         "fp32_peak_utilisation": significant(achieved / peak),
         "peak_rss_mb": round(peak_memory_mb(), 1),
         "threads": torch.get_num_threads(),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda"
-        else f"CPU: {cpu_model()}" if device.type == "cpu" else str(device),  # where it trained
+        "device": device_name(device),  # where it trained (compare --cost tables it)
         "precision": trainer.precision,
         "precision_reason": precision.reason,
     }

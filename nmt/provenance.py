@@ -29,6 +29,7 @@ def code_commit() -> str | None:
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def device_name() -> str:
-    """The GPU's name, or "CPU: <model>"."""
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU: {cpu_model()}"
+def device_name(device: torch.device | None = None) -> str:
+    """The name of ``device`` (None: the GPU where there is one): the GPU's, or "CPU: <model>"."""
+    cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
+    return torch.cuda.get_device_name(device) if cuda else f"CPU: {cpu_model()}"
