@@ -17,7 +17,7 @@ import torch
 from nmt.callbacks import RunCheckpoint
 from nmt.config import existing_run_dir
 from nmt.errors import NMTError, first_line
-from nmt.files import save_atomic
+from nmt.files import refuse_export, save_atomic
 from nmt.translator import final_weights_of
 
 STEPS_DIR = "steps"  # RUN/steps/step<global step>.ckpt, written by training
@@ -97,8 +97,7 @@ def average_run(run_dir: str | Path, last: int | None = None,
     """Average the last ``last`` (default: all) kept checkpoints of ``run_dir`` into ``out``
     (default RUN/averaged.ckpt). Returns the file written and the checkpoints averaged."""
     run_dir = existing_run_dir(run_dir)
-    if (run_dir / "model.bin").is_file():
-        raise NMTError(f"{run_dir} is a CTranslate2 export: nmt average takes a training run")
+    refuse_export(run_dir, "nmt average takes a training run")
     paths = step_checkpoints(run_dir)
     if not paths and not (run_dir / "config.yaml").is_file():  # a folder that is no run at all
         raise NMTError(f"no config.yaml in {run_dir}: is it a training run directory?")

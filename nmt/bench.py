@@ -18,8 +18,8 @@ from nmt.data.batching import Batch, PairDataset, decoding_loader
 from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.engines import check_engine_options
-from nmt.errors import NMTError
 from nmt.evaluate import split_pairs
+from nmt.files import refuse_export
 from nmt.memory import peak_memory_mb
 from nmt.metrics import score_corpus
 from nmt.models import build_model
@@ -259,9 +259,8 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
     beams, engines = list(dict.fromkeys(beams)), tuple(dict.fromkeys(engines))
     for engine in engines:
         check_engine_options(engine, None, None, ensemble)
-    if (Path(run_dir) / "model.bin").is_file():  # not "decode it with --engine ctranslate2"
-        raise NMTError(f"{run_dir} is a CTranslate2 export: bench decode takes a training run "
-                       "(--engine ctranslate2 exports it in float32)")
+    refuse_export(run_dir, "bench decode takes a training run (--engine ctranslate2 exports "
+                           "it in float32)")
     translator = Translator.from_run_dir(run_dir, precision=precisions[0], ensemble=ensemble)
     sources, references = split_pairs(translator.config.data, split)
     corpus = {"src": sources[:limit], "tgt": references[:limit]}

@@ -31,6 +31,7 @@ from nmt.config import Config, load_config, run_config
 from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError, first_line
+from nmt.files import is_export, refuse_export
 from nmt.models import model_option
 from nmt.models.transformer import TransformerModel
 from nmt.search import length_penalty, max_output_lengths
@@ -151,9 +152,7 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     run_dir, out = Path(run_dir), Path(out)
     if quantization not in QUANTIZATIONS:
         raise NMTError(f"unknown quantization '{quantization}'; choose one of: {', '.join(QUANTIZATIONS)}")
-    if (run_dir / "model.bin").is_file():  # not "decode it with --engine ctranslate2"
-        raise NMTError(f"{run_dir} is a CTranslate2 export: nmt export takes the training run "
-                       "it came from")
+    refuse_export(run_dir, "nmt export takes the training run it came from")
     check_exportable(run_config(run_dir))
     check_export_target(out)
     # fp32 as stored: nothing is decoded, so auto's timing probe would only cost seconds
@@ -184,7 +183,7 @@ def check_export_target(out: Path) -> None:
         raise NMTError(f"--out {out} is a symbolic link: name the folder itself")
     if not out.exists():
         return
-    if not (out / "model.bin").is_file():
+    if not is_export(out):
         raise NMTError(f"{out} exists and is not a CTranslate2 export: choose a new --out")
     others = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
     if others:
@@ -231,7 +230,7 @@ class CTranslate2Translator:
 
     def __init__(self, model_dir: str | Path, device: str | None = None, threads: int = 0):
         model_dir = Path(model_dir)
-        if not (model_dir / "model.bin").is_file():
+        if not is_export(model_dir):
             raise NMTError(f"no CTranslate2 model in {model_dir}: --engine ctranslate2 takes a "
                            "folder written by nmt export (of a Transformer run), e.g. nmt export "
                            "--checkpoint RUN --out RUN.ct2")

@@ -1,5 +1,5 @@
-"""Atomic writes (a file is either its old self or completely the new one), and reading a
-file's bytes whether it is gzipped or not."""
+"""Atomic writes (a file is either its old self or completely the new one), reading a file's
+bytes whether it is gzipped or not, and telling a CTranslate2 export from a training run."""
 
 from __future__ import annotations
 
@@ -74,3 +74,15 @@ def write_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def is_export(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a CTranslate2 model (the ``model.bin`` nmt export writes)."""
+    return (Path(folder) / "model.bin").is_file()
+
+
+def refuse_export(folder: str | Path, hint: str) -> None:
+    """A one-line error where a training run is needed and ``folder`` is an export: a user
+    who named one is told what to do instead (``hint``) rather than that files are missing."""
+    if is_export(folder):
+        raise NMTError(f"{folder} is a CTranslate2 export: {hint}")

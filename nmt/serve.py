@@ -44,6 +44,7 @@ from nmt.config import DECODING_PRECISIONS, load_config
 from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError
+from nmt.files import is_export
 from nmt.models import build_model, check_model_config, model_option
 from nmt.translator import check_ensemble, check_run_weights, decoding_options, source_limit
 
@@ -275,7 +276,7 @@ def served_models(paths: list[str], engine: str) -> dict[str, str]:
         if not (Path(path) / "config.yaml").is_file() or not (Path(path) / "spm.model").is_file():
             what = "an exported model" if engine == "ctranslate2" else "a training run"
             raise NMTError(f"{path} is not {what} directory (no config.yaml and spm.model)")
-        if engine == "ctranslate2" and not (Path(path) / "model.bin").is_file():
+        if engine == "ctranslate2" and not is_export(path):
             raise NMTError(f"no CTranslate2 model in {path}: serve a folder written by nmt export "
                            "(of a Transformer run), or serve the run with --engine torch")
         runs[name] = path

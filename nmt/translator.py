@@ -22,6 +22,7 @@ from nmt.data.batching import PairDataset, decoding_loader
 from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError, first_line
+from nmt.files import refuse_export
 from nmt.models import build_model
 from nmt.models.ensemble import Ensemble
 from nmt.precision import autocast_dtype, decoding_precision
@@ -134,8 +135,7 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool
                 print(f"warning: {run_dir / chosen}, the weights training chose, is gone: "
                       f"using {name}", file=sys.stderr)
             return run_dir / name
-    if (run_dir / "model.bin").is_file():
-        raise NMTError(f"{run_dir} is a CTranslate2 export: decode it with --engine ctranslate2")
+    refuse_export(run_dir, "decode it with --engine ctranslate2")
     raise NMTError(f"no best.ckpt or last.ckpt in {run_dir}: is it a training run directory?")
 
 
@@ -204,14 +204,12 @@ def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],
     if weights is not None and Path(weights).name != str(weights):
         raise NMTError(f"--weights {weights} with --ensemble names a file in each run (e.g. "
                        "averaged.ckpt), not a path")
-    if (Path(run_dir) / "model.bin").is_file():  # not "decode it with --engine ctranslate2"
-        raise NMTError(f"{run_dir} is a CTranslate2 export: --ensemble takes training runs")
+    refuse_export(run_dir, "--ensemble takes training runs")
     config = run_config(run_dir)
     pair = (config.data.src_lang, config.data.tgt_lang)
     vocabulary = Tokenizer(Path(run_dir) / "spm.model").vocabulary()
     for other in ensemble:
-        if (Path(other) / "model.bin").is_file():
-            raise NMTError(f"{other} is a CTranslate2 export: --ensemble takes training runs")
+        refuse_export(other, "--ensemble takes training runs")
         other_config = run_config(other)
         find_checkpoint(Path(other), weights, warn=False)  # load_run warns
         if (other_config.data.src_lang, other_config.data.tgt_lang) != pair:
