@@ -17,6 +17,9 @@ from nmt.errors import NMTError  # noqa: E402
 
 INCHES_PER_PIECE = 0.22  # a 7-point label's row or column
 PANEL_INCHES = (3.0, 16.0)  # a heatmap's smallest and largest side
+# A grid's largest side, wherever its panels allow: 16 heads of long lines drew 4 x 4 panels of
+# 16 in, 7,000 pixels a side (the study's largest grid, 9 panels across, is 37 in)
+FIGURE_INCHES = 48.0
 
 
 def draw_attention(ax, weights: Tensor, src: list[str], tgt: list[str], title: str = "",
@@ -35,13 +38,12 @@ def draw_attention(ax, weights: Tensor, src: list[str], tgt: list[str], title: s
     ax.set_title(title, fontsize=9, pad=40)
 
 
-def panel_layout(longest: int) -> tuple[float, int | None]:
+def panel_layout(longest: int, large: float = PANEL_INCHES[1]) -> tuple[float, int | None]:
     """A heatmap's side in inches for ``longest`` pieces on an axis, and how many labels fit
-    on an axis where that side is capped (None: all of them): PANEL_INCHES' largest side
+    on an axis where that side is capped at ``large`` (None: all of them): the largest side
     holds fewer labels, not a larger picture (a line of 1,000 pieces drew 25,000 pixels a
     side, gigabytes to render, and its process was killed)."""
-    small, large = PANEL_INCHES
-    size = max(small, INCHES_PER_PIECE * longest + 1.5)
+    size = max(PANEL_INCHES[0], INCHES_PER_PIECE * longest + 1.5)
     if size <= large:
         return size, None
     return large, int((large - 1.5) / INCHES_PER_PIECE)
@@ -54,7 +56,9 @@ def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[s
     rows = math.ceil(len(panels) / columns)
     columns = min(columns, len(panels))
     longest = max(max(len(p[2]), len(p[3])) for p in panels if p is not None)
-    size, labels = panel_layout(longest)
+    # each panel's share of the figure's largest side, not below the smallest panel
+    large = max(PANEL_INCHES[0], min(PANEL_INCHES[1], FIGURE_INCHES / max(rows, columns)))
+    size, labels = panel_layout(longest, large)
     fig, axes = plt.subplots(rows, columns, figsize=(size * columns, size * rows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")

@@ -216,6 +216,23 @@ def test_attention_panels_name_their_layer_and_head():
         attention_panels(one, "line 1, cross", 2, "mean")
 
 
+def test_every_head_of_a_long_line_draws_a_grid_of_bounded_size(monkeypatch):
+    """--attention-head all on a 16-head model and a long line: 4 x 4 panels, each capped at
+    16 in, drew a figure of 64 in (7,000 pixels) a side. The grid as a whole is capped; its
+    panels name fewer pieces, each still at its own column."""
+    saved = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.append(fig))
+    src, tgt = [f"s{i}" for i in range(1024)], [f"t{i}" for i in range(200)]
+    panels = [(f"head {h}", torch.rand(len(tgt), len(src)), src, tgt) for h in range(16)]
+    plots.save_attention_grid("unused.png", panels)
+    (fig,) = saved
+    assert max(fig.get_size_inches()) <= plots.FIGURE_INCHES
+    across = [(int(x), label.get_text()) for x, label in
+              zip(fig.axes[0].get_xticks(), fig.axes[0].get_xticklabels())]
+    assert 10 < len(across) and all(src[x] == text for x, text in across)
+    plots.plt.close(fig)
+
+
 def test_a_long_line_draws_a_picture_of_bounded_size_with_its_own_labels(monkeypatch):
     """A line of 1,023 pieces (what translate keeps of a long one) drew a heatmap 25,000
     pixels a side: 2.3 GB for one image, a MemoryError traceback, or the process killed. The
