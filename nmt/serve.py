@@ -13,7 +13,7 @@ search per length bucket.
             "warnings": ["text 2 has 900 pieces; truncated to 511"]}                       # if any
     GET /health      "ok" once the worker is ready (LitServe's)
     GET /info        {"model": {"models": [{name, family, attention, src_lang, tgt_lang,
-                      parameters, engine, [ensemble]}, ...], ...}, "server": {...}} (LitServe's)
+                      parameters, engine, [members]}, ...], ...}, "server": {...}} (LitServe's)
     GET /            the web page (nmt/web/)
 
 A bad request gets a 400 with {"error": "<one line>"}. It is checked in the worker but never
@@ -245,17 +245,26 @@ class TranslationAPI(litserve.LitAPI):
 
 
 def model_info(name: str, path: str, engine: str, ensemble: list[str] = ()) -> dict:
-    """What /info says about a served model, read from its config without loading weights;
-    an ensemble names its other members, and counts the parameters of all."""
+    """What /info says about a served model, read from its configs without loading weights.
+    An ensemble's family is "ensemble" and its attention null (its runs may differ in both:
+    the first run's alone would misname it); ``members`` gives each run's, the first one
+    included, and the parameters are all runs' together."""
+    members = [run_summary(name, path),
+               *(run_summary(Path(member).resolve().name, member) for member in ensemble)]
+    info = {**members[0], "parameters": sum(map(parameter_count, [path, *ensemble])),
+            "engine": engine}
+    if ensemble:
+        info.update(family="ensemble", attention=None, members=members)
+    return info
+
+
+def run_summary(name: str, path: str) -> dict:
+    """A run's name, family, attention and languages, from its config.yaml."""
     config = load_config(Path(path) / "config.yaml")
     cls, kwargs = check_model_config(config.model)
-    info = {"name": name, "family": config.model["family"],
+    return {"name": name, "family": config.model["family"],
             "attention": model_option(cls, kwargs, "attention"),
-            "src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
-            "parameters": sum(map(parameter_count, [path, *ensemble])), "engine": engine}
-    if ensemble:
-        info["ensemble"] = [Path(member).resolve().name for member in ensemble]
-    return info
+            "src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang}
 
 
 def parameter_count(run_dir: str) -> int:

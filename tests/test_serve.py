@@ -476,7 +476,9 @@ def test_an_ensemble_is_served_as_one_model(runs):
     assert answer["translations"] == expected(ensemble, sentences[:4], 2)
     assert answer["attention"] == [None] * 4
     info = model_info("first", first, "torch", [second])
-    assert info["ensemble"] == ["second"]
+    assert (info["family"], info["attention"]) == ("ensemble", None)
+    assert [(m["name"], m["family"], m["attention"]) for m in info["members"]] == [
+        ("first", "transformer", "scaled_dot"), ("second", "transformer", "scaled_dot")]
     assert info["parameters"] == sum(p.numel() for p in ensemble.model.parameters())
 
 

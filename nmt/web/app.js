@@ -15,7 +15,7 @@ async function loadModels() {
     check.value = m.name;
     check.checked = i === 0;
     label.append(check, ` ${m.name} `);
-    label.title = `${m.family}, ${m.attention} attention, ${m.src_lang}->${m.tgt_lang}`;
+    label.title = `${describe(m)}, ${m.src_lang}->${m.tgt_lang}`;
     box.appendChild(label);
   });
   document.getElementById("beam").value = info.model.default_beam;
@@ -69,15 +69,21 @@ function drawHeatmap(canvas, view) {
   canvas.dataset.drawn = `${view.target.length}x${view.source.length}`;
 }
 
+// "transformer, scaled_dot attention", or an ensemble's runs, each with its own
+function describe(model) {
+  if (!model.members) return `${model.family}, ${model.attention} attention`;
+  const runs = model.members.map((m) => `${m.name} (${m.family}, ${m.attention})`);
+  return `an ensemble of ${runs.join(" and ")} (no attention drawn)`;
+}
+
 function card(model, answer) {
   const div = document.createElement("div");
   div.className = "card";
   div.dataset.model = model.name;
   div.innerHTML = `<h2></h2><div class="meta"></div><div class="translation"></div>`;
   div.querySelector("h2").textContent = model.name;
-  const ensemble = model.ensemble ? `, an ensemble with ${model.ensemble.join(", ")} (no attention drawn)` : "";
   div.querySelector(".meta").textContent =
-    `${model.family}, ${model.attention} attention, ${model.parameters.toLocaleString()} parameters, ${model.engine}${ensemble}`;
+    `${describe(model)}, ${model.parameters.toLocaleString()} parameters, ${model.engine}`;
   div.querySelector(".translation").textContent = answer.translations[0];
   (answer.warnings || []).forEach((w) => {  // e.g. a text cut to the model's length
     const p = document.createElement("p");
