@@ -134,8 +134,10 @@ def check_average_target(run_dir: Path, out: Path, paths: list[Path]) -> None:
     """Where an average of ``paths`` may go: not over the run's own files (its checkpoints,
     its config, SentencePiece model and logs; inside the run only a new .ckpt) or the average
     that training chose as its weights, unless it is the same average; inside another run
-    (a folder with a config.yaml and a spm.model) only as a new .ckpt; elsewhere over an
-    existing file only if it is a checkpoint (an earlier average, say)."""
+    (a folder with a config.yaml and a spm.model) only as a new .ckpt, and not as its
+    averaged.ckpt (where that run's training chose its average and the file is gone, translate
+    would take this one as that run's weights); elsewhere over an existing file only if it is
+    a checkpoint (an earlier average, say)."""
     target, run = out.resolve(), run_dir.resolve()
     check_not_run_file(run, target, out)
     check_not_chosen_average(run, target, out, paths)
@@ -145,6 +147,9 @@ def check_average_target(run_dir: Path, out: Path, paths: list[Path]) -> None:
         check_not_run_file(other, target, out)
         if target.exists():
             raise NMTError(f"--out {out} is a file of the run {other}; name a new .ckpt")
+        if target == (other / "averaged.ckpt").resolve():  # where that run's would go
+            raise NMTError(f"--out {out} is where the run {other} keeps its own average (which "
+                           "translate may use as its weights); name another .ckpt")
     if target.is_file() and not zipfile.is_zipfile(target):  # torch.save's format; a corpus file
         raise NMTError(f"--out {out} exists and is not a checkpoint; name a new file")
 

@@ -266,6 +266,21 @@ def test_the_average_never_overwrites_another_runs_files(tmp_path, out, chosen):
     average_run(this, out=other / "from_this.ckpt")  # a new .ckpt beside them may go there
 
 
+def test_an_average_is_not_written_where_another_run_keeps_its_own(tmp_path):
+    """Another run whose training chose averaged.ckpt, the file since gone: --out
+    OTHER/averaged.ckpt wrote this run's average there, and translating with that run then used
+    it as its own weights without a word."""
+    this, other = tmp_path / "this", tmp_path / "other"
+    _save(this / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
+    for name in ("config.yaml", "spm.model"):
+        (other / name).parent.mkdir(parents=True, exist_ok=True)
+        (other / name).write_text(name)
+    (other / "train_stats.json").write_text(json.dumps({"final_weights": "averaged.ckpt"}))
+    with pytest.raises(NMTError, match=f"is where the run {other} keeps its own average"):
+        average_run(this, out=other / "averaged.ckpt")
+    assert not (other / "averaged.ckpt").exists()
+
+
 def test_an_average_may_go_under_a_folder_that_is_not_a_run(tmp_path):
     """A project folder with a config.yaml of its own is no run: the average goes there."""
     _save(tmp_path / "run" / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
