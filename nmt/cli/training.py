@@ -59,7 +59,9 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("--out", help="records, tables and figures (default study/<preset>)")
     compare.add_argument("--runs", help="the cells' run directories (default checkpoints/study/<preset>)")
     compare.add_argument("--tables-only", action="store_true",
-                         help="train nothing: rebuild tables and figures from the records")
+                         help="train nothing: rebuild tables and figures from the records (a "
+                              "record of another beam or other pictures is decoded again where "
+                              "its run directory is here)")
     compare.add_argument("--cost", action="store_true",
                          help="train nothing: bench each scorer's training cost (on a quiet "
                               "machine), write <out>/cost.json, rebuild the tables")
