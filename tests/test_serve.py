@@ -306,6 +306,7 @@ def test_web_page_translates_and_draws_heatmaps(server, runs, tmp_path):
             card = page.locator(f".card[data-model={name}]")
             want = expected(translators[name], sentences[:1], 1)[0]
             assert card.locator(".translation").inner_text() == want
+            assert card.locator(".meta").inner_text().startswith("transformer, scaled_dot attention, ")
             # Shaded cells: bluish pixels (neither the white background nor the grey text).
             blue = card.locator("canvas").evaluate(
                 "c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
