@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -258,20 +259,29 @@ def threads_per_worker(workers: int) -> int:
 def record_in_parallel(jobs: list[tuple], workers: int) -> None:
     """``record_cell(*job)`` for every job, ``workers`` cells at a time, each in its own process
     with an equal share of the CPU threads (e.g. several small cells sharing one GPU). A cell
-    that fails does not stop the others; the failures are reported at the end."""
+    that fails does not stop the others; the failures are reported at the end. A worker
+    process that dies (killed, or out of memory) ends the pool: the cells it had not recorded
+    yet, running or waiting, are named as such, not as failed."""
     threads = threads_per_worker(workers)
-    failed = []
+    failed, lost = [], []
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_use_threads, initargs=(threads,)) as pool:
         running = {pool.submit(record_cell, *job): job[2].name for job in jobs}
         for done in as_completed(running):
             try:
                 print(f"  {done.result()}: recorded", flush=True)
+            except BrokenProcessPool:  # before RuntimeError, its base: not this cell's failure
+                lost.append(running[done])
             except (NMTError, OSError, RuntimeError) as err:
                 failed.append(running[done])
                 print(f"  {running[done]}: failed: {err}", flush=True)
-    if failed:
-        raise NMTError(f"{len(failed)} cells failed: {', '.join(failed)}")
+    problems = [f"{len(failed)} cells failed: {', '.join(failed)}"] if failed else []
+    if lost:
+        problems.append(f"a worker process died (killed, or out of memory?), so {len(lost)} "
+                        f"cells running or waiting were not recorded: {', '.join(lost)}; run "
+                        "the same command again to record them")
+    if problems:
+        raise NMTError("; ".join(problems))
 
 
 def check_replaceable(cfg: CompareConfig, preset: str, cell: Cell, record: dict,

@@ -5,8 +5,10 @@ and the attention heatmap of known weights."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from scipy.stats import ttest_rel
 
 from nmt.attention_stats import attention_matrix
 from nmt.cli import main
+from nmt.errors import NMTError
 from nmt.plots import draw_attention
 from nmt.provenance import code_commit
 
@@ -276,6 +279,25 @@ def test_a_record_of_other_decoding_options_is_decoded_anew(study, tmp_path, cap
     assert main(["compare", "--config", str(changed), "--preset", "b", "--out", str(tmp_path / "b"),
                  "--runs", str(tmp_path / "no runs"), "--tables-only"]) == 0
     assert ("main", "rnn", "additive", "base") in read_rows(tmp_path / "b")
+
+
+class DiesWhenUnpickled:
+    """A job argument that ends the worker process that receives it, as an out-of-memory
+    kill would."""
+
+    def __reduce__(self):
+        return os._exit, (9,)
+
+
+def test_a_dead_worker_names_the_cells_left_unrecorded_not_failed():
+    """A worker killed (out of memory) broke the pool: every cell not recorded yet, also
+    those that never started, was reported "failed" with the pool's error."""
+    from nmt import compare
+
+    jobs = [(DiesWhenUnpickled(), SimpleNamespace(), SimpleNamespace(name=name)) for name in "ab"]
+    with pytest.raises(NMTError, match=r"^a worker process died \(killed, or out of memory\?\), "
+                                       r"so 2 cells running or waiting were not recorded: "):
+        compare.record_in_parallel(jobs, workers=2)
 
 
 def test_cells_train_in_parallel_into_their_own_records(study, capsys):
