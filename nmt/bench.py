@@ -165,14 +165,12 @@ def greedy_recompute(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_r
 WARMUP_SENTENCES = 16
 
 
-def _decode_rows(decoders: list[tuple[str, object]], beams: list[int], corpus: dict,
-                 repeat: int) -> list[dict]:
-    """Time every (engine, translator) at every beam over the split's sources, ``repeat``
+def _decode_rows(settings: list[tuple[str, object, int]], corpus: dict, repeat: int) -> list[dict]:
+    """Time every (engine, translator, beam) over the split's sources, ``repeat``
     rounds in turn, and keep each setting's fastest pass: on a shared machine the same pass
     varies by up to 1.6x, and taking turns exposes the settings to the same noise. Each gets
     an untimed pass over a few sentences first (first calls pay for allocation and thread
     start-up). BLEU is of what it wrote: a faster setting must not cost quality."""
-    settings = [(engine, decoder, beam) for beam in beams for engine, decoder in decoders]
     sources = corpus["src"]
     for _, decoder, beam in settings:
         decoder.translate(sources[:WARMUP_SENTENCES], beam_size=beam)
@@ -219,19 +217,43 @@ def _recompute_row(translator: Translator, sources: list[str]) -> dict:
             "seconds": round(seconds, 3), "sent_per_s": round(len(sources) / seconds, 1)}
 
 
-def _speed_ratios(rows: list[dict], first: str) -> dict:
+def _speed_ratios(rows: list[dict]) -> dict:
     """Time ratios of the rows (all decode the same sentences): each mode's cost against
-    greedy, and the speed-up of each other (engine, precision) over torch at the ``first``
-    precision, mode by mode."""
-    base = {r["mode"]: r["seconds"] for r in rows if (r["engine"], r["precision"]) == ("torch", first)}
+    greedy, and the speed-up of each other (engine, precision) over torch at the first
+    precision asked for, mode by mode: a mode's first torch row (auto may resolve to
+    another precision at each beam)."""
+    base: dict[str, dict] = {}
+    for r in rows:
+        if r["engine"] == "torch":
+            base.setdefault(r["mode"], r)
     ratios = {}
     if "greedy" in base:
-        ratios["beam_cost_vs_greedy"] = {m: round(s / base["greedy"], 2) for m, s in base.items()}
+        ratios["beam_cost_vs_greedy"] = {m: round(r["seconds"] / base["greedy"]["seconds"], 2)
+                                         for m, r in base.items()}
     for r in rows:
-        if r["mode"] in base and (r["engine"], r["precision"]) != ("torch", first):
+        if r["mode"] in base and r is not base[r["mode"]]:
             key = f"{r['engine']}_{r['precision']}_speedup"
-            ratios.setdefault(key, {})[r["mode"]] = round(base[r["mode"]] / r["seconds"], 2)
+            ratios.setdefault(key, {})[r["mode"]] = round(base[r["mode"]]["seconds"] / r["seconds"], 2)
     return ratios
+
+
+def _torch_decoders(translator: Translator, precisions: tuple[str, ...],
+                    beams: list[int]) -> dict[int, list[Translator]]:
+    """At each beam, a translator per precision that ``precisions`` resolve to there (auto may
+    be 32-true, and is probed at that beam, as translate --beam probes it), ``precisions[0]``'s
+    first. At the first beam that one is ``translator``, resolved once: auto probed again (its
+    answer is not cached on a busy machine) could choose otherwise."""
+    model, tokenizer, config = translator.model, translator.tokenizer, translator.config
+    decoders = {}
+    for beam in beams:
+        first = translator if beam == beams[0] else Translator(model, tokenizer, config,
+                                                                precisions[0], beam=beam)
+        chosen = {first.precision.precision: first}
+        for p in precisions[1:]:
+            decoder = Translator(model, tokenizer, config, p, beam=beam)
+            chosen.setdefault(decoder.precision.precision, decoder)
+        decoders[beam] = list(chosen.values())
+    return decoders
 
 
 def count_rows(model) -> list[int]:
@@ -261,32 +283,25 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
         check_engine_options(engine, None, None, ensemble)
     refuse_export(run_dir, "bench decode takes a training run (--engine ctranslate2 exports "
                            "it in float32)")
-    translator = Translator.from_run_dir(run_dir, precision=precisions[0], ensemble=ensemble)
+    translator = Translator.from_run_dir(run_dir, precision=precisions[0], beam=beams[0],
+                                         ensemble=ensemble)
     sources, references = split_pairs(translator.config.data, split)
     corpus = {"src": sources[:limit], "tgt": references[:limit]}
+    torch_decoders = _torch_decoders(translator, precisions, beams) if "torch" in engines else {}
     with tempfile.TemporaryDirectory() as tmp:
-        decoders = []  # (engine, translator)
-        for engine in engines:
-            if engine == "torch":  # one per precision they resolve to: auto may be 32-true
-                # the first is the translator's, resolved once: auto probed again (its answer
-                # not cached on a busy machine) could choose otherwise, and the speed-ups are
-                # against the translator's precision
-                chosen = {translator.precision.precision: translator}
-                for p in precisions[1:]:
-                    decoder = Translator(translator.model, translator.tokenizer, translator.config, p)
-                    chosen.setdefault(decoder.precision.precision, decoder)
-                decoders += [(engine, decoder) for decoder in chosen.values()]
-            else:
-                from nmt.export import CTranslate2Translator, export_ctranslate2
+        ct2 = None
+        if "ctranslate2" in engines:
+            from nmt.export import CTranslate2Translator, export_ctranslate2
 
-                ct2 = export_ctranslate2(run_dir, Path(tmp) / "ct2")
-                decoders.append((engine, CTranslate2Translator(ct2)))
-        rows = _decode_rows(decoders, beams, corpus, repeat)
-    if recompute:
-        rows.append(_recompute_row(translator, corpus["src"]))
+            ct2 = CTranslate2Translator(export_ctranslate2(run_dir, Path(tmp) / "ct2"))
+        settings = [(engine, decoder, beam) for beam in beams for engine in engines
+                    for decoder in (torch_decoders[beam] if engine == "torch" else [ct2])]
+        rows = _decode_rows(settings, corpus, repeat)
+    if recompute:  # greedy: in the greedy rows' precision, where there are some
+        rows.append(_recompute_row(torch_decoders.get(1, [translator])[0], corpus["src"]))
     return {"bench": "decode", "run": str(run_dir),
             "ensemble": [str(path) for path in translator.ensemble],
             "split": split, "sentences": len(corpus["src"]),
             "passes": repeat, "prune_margin": translator.config.decoding.prune_margin,
             "rows": rows, "peak_rss_mb": round(peak_memory_mb(), 1),
-            **_speed_ratios(rows, translator.precision.precision)}
+            **_speed_ratios(rows)}

@@ -57,15 +57,17 @@ def check_engine_options(engine: str, weights: str | None, precision: str | None
 
 def load_translator(path: str, engine: str = "torch", device: str | None = None,
                     weights: str | None = None, precision: str | None = None,
-                    sentences: int | None = None, ensemble: list[str] = ()):
+                    sentences: int | None = None, beam: int | None = None,
+                    ensemble: list[str] = ()):
     """A run directory (and optionally another checkpoint file of it, a decoding precision,
-    how many sentences are decoded together, for ``auto``, and more runs to decode with as
-    an ensemble) for torch; a directory written by ``nmt export`` for ctranslate2."""
+    how many sentences are decoded together and at what beam, for ``auto``, and more runs to
+    decode with as an ensemble) for torch; a directory written by ``nmt export`` for
+    ctranslate2."""
     check_engine_options(engine, weights, precision, ensemble)
     if engine == "torch":
         from nmt.translator import Translator
 
-        return Translator.from_run_dir(path, device, weights, precision, sentences, ensemble)
+        return Translator.from_run_dir(path, device, weights, precision, sentences, beam, ensemble)
     try:  # ctranslate2
         from nmt.export import CTranslate2Translator
     except ImportError:

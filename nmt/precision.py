@@ -239,22 +239,25 @@ def time_decoding(model: torch.nn.Module, sentences: int, beam: int, rounds: int
 
 
 def decoding_precision(config, model: torch.nn.Module, device_type: str,
-                       precision: str | None = None, sentences: int | None = None) -> PrecisionChoice:
+                       precision: str | None = None, sentences: int | None = None,
+                       beam: int | None = None) -> PrecisionChoice:
     """The precision translate, evaluate and serve decode in: ``precision`` if given, else
     ``decoding.precision``. Its ``auto`` is decided on the decoding device, whatever precision
     the run trained in, by timing the model's own decoding steps for ``sentences`` sentences
-    decoded together (at most, and by default, a batch of ``data.eval_max_tokens``) at the
-    config's beam.
-    Matmul timings do not predict decoding: on a 2-core Intel Xeon with AMX, bf16 matmuls of
-    160 rows ran 4x fp32, yet bf16 decoding of 32 sentences at beam 5 ran 0.88x fp32 and at
-    greedy 0.57x, while with 8,000-token batches beam 5 ran 1.5x (README, Serving and export)."""
+    decoded together (at most, and by default, a batch of ``data.eval_max_tokens``) at
+    ``beam``, the beam decoded at (default: the config's decoding.beam_size), each beam's
+    answer cached apart.
+    Matmul timings do not predict decoding, nor one beam another: on a 2-core Intel Xeon with
+    AMX, bf16 matmuls of 160 rows ran 4x fp32, yet bf16 decoding of 32 sentences at beam 5 ran
+    0.88x fp32 and at greedy 0.57x, while with 8,000-token batches beam 5 ran 1.5x (README,
+    Serving and export)."""
     precision = precision or config.decoding.precision
     if precision not in DECODING_PRECISIONS:
         raise NMTError(f"unknown decoding precision '{precision}'; choose from: "
                        f"{', '.join(DECODING_PRECISIONS)}")
     batch = max(1, config.data.eval_max_tokens // TYPICAL_SOURCE_PIECES)
     sentences = min(sentences or batch, batch)
-    beam = config.decoding.beam_size
+    beam = config.decoding.beam_size if beam is None else beam
     # every model option keys the answer but its dropout rates (decoding does not drop out)
     model_options = {key: value for key, value in config.model.items() if "dropout" not in key}
     probe = (f"decoding {json.dumps(model_options, sort_keys=True)} vocab {config.data.vocab_size} "

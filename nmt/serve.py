@@ -165,8 +165,10 @@ class TranslationAPI(litserve.LitAPI):
         """Load every model and translate one sentence with each, so that one-time costs
         (kernel initialisation, first allocations: seconds on a CPU) are paid before /health
         says ready, not by the first requests."""
+        # auto's precision for a batch of requests at --beam (a request may name another)
         self.translators = {name: load_translator(path, self.engine, device, self.weights,
-                                                  self.precision, self.max_batch_size, self.ensemble)
+                                                  self.precision, self.max_batch_size,
+                                                  self.default_beam, self.ensemble)
                             for name, path in self.runs.items()}
         for translator in self.translators.values():
             translator.translate(["warm-up"], self.default_beam)

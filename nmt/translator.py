@@ -89,16 +89,23 @@ def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None
     check_max_len_ratio(dec.max_len_ratio)
     beam_size = dec.beam_size if beam_size is None else beam_size
     alpha = dec.alpha if alpha is None else alpha
-    if beam_size < 1 or not 1 <= nbest <= beam_size:
+    check_beam(beam_size, vocab)
+    if not 1 <= nbest <= beam_size:
         raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, nbest {nbest}")
-    if vocab is not None and beam_size > vocab:  # memory grows with it: bad_alloc, or the OOM killer
-        raise NMTError(f"beam {beam_size:,} is more than the vocabulary's {vocab:,} pieces, the most "
-                       "a first step can tell apart: give a smaller --beam")
     if not math.isfinite(alpha):
         raise NMTError(f"the length penalty alpha must be a number, got {alpha}")
     if dec.prune_margin is not None and not dec.prune_margin >= 0:  # NaN too
         raise NMTError(f"the prune margin must be >= 0 nats or none, got {dec.prune_margin}")
     return beam_size, alpha
+
+
+def check_beam(beam_size: int, vocab: int | None = None) -> None:
+    """A beam of at least 1 and at most the ``vocab`` size, or a one-line error."""
+    if beam_size < 1:
+        raise NMTError(f"need beam >= 1, got beam {beam_size}")
+    if vocab is not None and beam_size > vocab:  # memory grows with it: bad_alloc, or the OOM killer
+        raise NMTError(f"beam {beam_size:,} is more than the vocabulary's {vocab:,} pieces, the most "
+                       "a first step can tell apart: give a smaller --beam")
 
 
 HERE = ("./", f".{os.sep}")  # how a path from the current folder begins ...
@@ -224,23 +231,29 @@ def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],
 class Translator:
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, config: Config,
                  precision: str | None = None, sentences: int | None = None,
-                 checkpoint: Path | None = None):
+                 beam: int | None = None, checkpoint: Path | None = None):
         """``precision``: 32-true, bf16-mixed or auto (default: the config's decoding.precision);
         ``auto`` decides for ``sentences`` decoded together (default: a batch of
-        data.eval_max_tokens), see ``decoding_precision``."""
+        data.eval_max_tokens) at ``beam`` (default: the config's decoding.beam_size), see
+        ``decoding_precision``."""
+        if beam is not None:  # auto's probe decodes at it: a beam translate refuses, refused first
+            check_beam(beam, len(tokenizer))
         self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
         self.checkpoint = checkpoint  # the file the weights came from, where known
         self.ensemble: list[Path] = []  # the other members' weights files, in an ensemble
-        self.precision = decoding_precision(config, model, self.device.type, precision, sentences)
+        self.precision = decoding_precision(config, model, self.device.type, precision, sentences,
+                                            beam)
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, device: str | None = None,
                      weights: str | Path | None = None, precision: str | None = None,
-                     sentences: int | None = None, ensemble: list[str | Path] = ()) -> Translator:
+                     sentences: int | None = None, beam: int | None = None,
+                     ensemble: list[str | Path] = ()) -> Translator:
         """Model, tokenizer and config from ``run_dir``; weights from ``weights`` if given, else
-        the run's final weights (see ``find_checkpoint``). With ``ensemble`` (more run
-        directories, the same ``weights`` file name in each), the runs decode as one model
-        (``nmt.models.ensemble``) with ``run_dir``'s tokenizer and decoding options."""
+        the run's final weights (see ``find_checkpoint``). ``precision``, ``sentences`` and
+        ``beam`` as for ``Translator``. With ``ensemble`` (more run directories, the same
+        ``weights`` file name in each), the runs decode as one model (``nmt.models.ensemble``)
+        with ``run_dir``'s tokenizer and decoding options."""
         device = decoding_device(device)
         if ensemble:
             check_ensemble(run_dir, ensemble, weights)
@@ -252,7 +265,7 @@ class Translator:
             # the probe of --precision auto is cached by this: the members' configs
             config = replace(config, model={"family": "ensemble",
                                             "members": [config.model, *(c.model for c in configs)]})
-        translator = cls(model, tokenizer, config, precision, sentences, path)
+        translator = cls(model, tokenizer, config, precision, sentences, beam, path)
         translator.ensemble = list(paths) if others else []
         return translator
 

@@ -199,31 +199,34 @@ def test_the_cpu_peak_is_measured_at_2048_unless_a_product_would_take_long(monke
     assert bench.cpu_peak_size(dtype) == size
 
 
-def test_bench_decode_resolves_auto_once(tiny, capsys, monkeypatch, tmp_path):
+def test_bench_decode_resolves_auto_once_at_each_beam(tiny, capsys, monkeypatch, tmp_path):
     """--precision auto was resolved twice, for the translator (whose precision the speed-ups
     are against) and again for the torch rows. A probe whose rounds disagree (a busy machine)
     is not cached, so the second could choose otherwise: no row was at the first's precision,
     every speed-up was left out (test_export: KeyError 'ctranslate2_float32_speedup'), and the
-    probe's wait and lines came twice."""
+    probe's wait and lines came twice. It is resolved once at each beam, by a probe at that
+    beam (it probed the run's decoding.beam_size for every beam)."""
     from nmt import precision
 
     _, run = tiny
     monkeypatch.setattr(precision, "CACHE", tmp_path / "precision.json")
     monkeypatch.setattr(precision, "has_native_bf16", lambda: True)
-    bf16_seconds = iter([0.5, 2.0])  # a busy machine: bf16-mixed, then 32-true
+    bf16_seconds = {1: iter([0.5, 2.0]), 2: iter([2.0, 0.5])}  # a busy machine: one, then other
+    probed = []
 
     def unsteady_probe(model, sentences, beam, rounds=2):
-        return {"fp32": 1.0, "bf16": next(bf16_seconds), "steady": False}
+        probed.append(beam)
+        return {"fp32": 1.0, "bf16": next(bf16_seconds[beam]), "steady": False}
 
     monkeypatch.setattr(precision, "time_decoding", unsteady_probe)
     assert main(["bench", "decode", "--checkpoint", str(run), "--beam", "1,2", "--split", "test",
-                 "--limit", "4", "--repeat", "1", "--no-recompute"]) == 0
+                 "--limit", "4", "--repeat", "1"]) == 0
     out, err = capsys.readouterr()
     summary = last_json(out)
-    assert err.count("precision auto: timing") == 1
-    assert [(r["precision"], r["mode"]) for r in summary["rows"]] == [("bf16-mixed", "greedy"),
-                                                                      ("bf16-mixed", "beam2")]
-    assert set(summary["beam_cost_vs_greedy"]) == {"greedy", "beam2"}
+    assert probed == [1, 2] and err.count("precision auto: timing") == 2
+    assert [(r["precision"], r["mode"]) for r in summary["rows"]] == [
+        ("bf16-mixed", "greedy"), ("32-true", "beam2"), ("bf16-mixed", "greedy_recompute")]
+    assert set(summary["beam_cost_vs_greedy"]) == {"greedy", "beam2", "greedy_recompute"}
 
 
 def test_bench_decode(tiny, capsys):

@@ -698,6 +698,46 @@ def _epoch_target_tokens(run_dir: Path, world_size: int) -> int:
     return tokens
 
 
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_auto_precision_is_probed_at_the_beam_given(run, tmp_path, monkeypatch, capsys, command):
+    """--beam 1 decodes greedily, but auto's probe timed beam search at the run's
+    decoding.beam_size (5): the precision of another search."""
+    from nmt import precision
+
+    copy = tmp_path / "run"  # evaluate writes into the run's eval/
+    shutil.copytree(run, copy)
+    monkeypatch.setattr(precision, "CACHE", tmp_path / "precision.json")
+    monkeypatch.setattr(precision, "has_native_bf16", lambda: True)
+    beams = []
+    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam: beams.append(
+        beam) or {"fp32": 1.0, "bf16": 0.5, "steady": True})
+    source = tmp_path / "in.txt"
+    source.write_text("haus\n")
+    extra = ["--input", str(source)] if command == "translate" else []
+    assert load_config(copy / "config.yaml").decoding.beam_size == 5
+    assert main([command, "--checkpoint", str(copy), "--precision", "auto", "--beam", "1",
+                 *extra]) == 0
+    assert beams == [1] and "x beam 1 " in capsys.readouterr().err
+
+
+def test_a_beam_too_large_is_refused_before_autos_probe_decodes_at_it(run, tmp_path, monkeypatch,
+                                                                     capsys):
+    """The probe decodes at the beam given: one over the vocabulary's size is refused first."""
+    from nmt import precision
+
+    monkeypatch.setattr(precision, "CACHE", tmp_path / "precision.json")
+    monkeypatch.setattr(precision, "has_native_bf16", lambda: True)
+    monkeypatch.setattr(precision, "time_decoding", None)  # a probe would fail with a traceback
+    source = tmp_path / "in.txt"
+    source.write_text("haus\n")
+    for beam, message in (("100000", "error: beam 100,000 is more than the vocabulary's"),
+                          ("0", "error: need beam >= 1, got beam 0")):
+        assert main(["translate", "--checkpoint", str(run), "--input", str(source),
+                     "--precision", "auto", "--beam", beam]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(message) and len(err.splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--nbest", "0"], "nbest"),
     (["--beam", "-2"], "beam >= 1"),

@@ -397,6 +397,24 @@ def test_serve_a_run_without_weights_is_one_line_before_start(runs, capsys, tmp_
     assert f"no best.ckpt or last.ckpt in {bare}" in err and err.count("\n") == 1
 
 
+def test_a_server_probes_auto_at_its_default_beam(runs, tmp_path, monkeypatch):
+    """auto's probe timed the run's decoding.beam_size (5), whatever --beam the server
+    decodes requests at: now --beam's, for a batch of --max-batch requests."""
+    from nmt import precision
+    from nmt.serve import TranslationAPI
+
+    _, paths, _ = runs
+    monkeypatch.setattr(precision, "CACHE", tmp_path / "precision.json")
+    monkeypatch.setattr(precision, "has_native_bf16", lambda: True)
+    probes = []
+    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam: probes.append(
+        (sentences, beam)) or {"fp32": 1.0, "bf16": 0.5, "steady": True})
+    api = TranslationAPI({"first": str(paths[0])}, "torch", default_beam=2, max_batch=4,
+                         precision="auto")
+    api.setup("cpu")
+    assert probes == [(4, 2)] and api.translators["first"].precision.precision == "bf16-mixed"
+
+
 @pytest.mark.parametrize("weights, message", [
     (b"garbage", "incompatible or damaged checkpoint"),  # a file cut short or of something else
     (None, "incompatible or damaged checkpoint (Error(s) in loading state_dict"),  # another model's

@@ -77,11 +77,12 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
 def open_translator(args: argparse.Namespace, sentences: int | None = None):
     """The engine's translator for ``--checkpoint``; ``--prune-margin`` (a number of nats,
     or none for the full beam) replaces the run's decoding.prune_margin. ``sentences``: how
-    many are decoded together at most, for ``--precision auto`` (default: a full batch)."""
+    many are decoded together at most, for ``--precision auto`` (default: a full batch), which
+    decides at ``--beam`` (default: the run's)."""
     from nmt.engines import load_translator
 
     translator = load_translator(args.checkpoint, args.engine, args.device, args.weights,
-                                 args.precision, sentences, args.ensemble)
+                                 args.precision, sentences, args.beam, args.ensemble)
     if args.prune_margin is not None:
         if args.engine != "torch":
             raise NMTError("--prune-margin is for the torch engine")
