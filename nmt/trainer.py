@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_only
 
 from nmt.average import KeepLastCheckpoints
@@ -225,6 +226,42 @@ def lightnings_option_errors() -> Iterator[None]:
         raise NMTError(f"trainer option rejected by Lightning: {str(err).splitlines()[0]}") from None
 
 
+@contextmanager
+def lightnings_info_silenced() -> Iterator[None]:
+    """Lightning's info lines (its report of the devices) left unprinted while the block runs."""
+    log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def check_device_options(config: Config) -> None:
+    """Lightning's checks of trainer.accelerator, devices, num_nodes and strategy, and
+    ``check_launcher``'s, on a Trainer of these options alone (milliseconds): before the
+    precision probe, whose wait and line came first where the Trainer of the run refused one.
+    Its report of the devices is silenced; the run's Trainer gives it."""
+    t = config.trainer
+    with lightnings_option_errors(), lightnings_info_silenced():
+        trainer = L.Trainer(accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
+                            strategy=t.strategy, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)
+    check_launcher(trainer, t.strategy)
+
+
+def check_launcher(trainer: L.Trainer, strategy: str) -> None:
+    """Only strategies that run this same command in every process: those that start
+    processes for fit alone (ddp_spawn, ddp_fork, and ``auto`` on several GPUs in a notebook)
+    hand nothing back to the process that finishes the run (its last validation,
+    train_stats.json)."""
+    if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
+        raise NMTError(f"trainer.strategy {strategy} trains in processes that "
+                       "hand nothing back to the one that finishes the run: use ddp, which runs "
+                       "the same command in one process per device")
+
+
 def training_loggers(run_dir: Path, tensorboard: bool) -> list[Logger]:
     """CSV logs in RUN/logs/version_N/metrics.csv (a resumed run adds a version), and with
     ``tensorboard`` the same metrics as TensorBoard events in RUN/tensorboard/version_N/."""
@@ -239,10 +276,12 @@ def training_loggers(run_dir: Path, tensorboard: bool) -> list[Logger]:
 
 
 def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
-    """The Trainer of a training run writing into ``run_dir``, in the precision chosen for it."""
+    """The Trainer of a training run writing into ``run_dir``, in the precision chosen for it
+    once its device options have passed Lightning's checks and ours."""
     t = config.trainer
-    precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
     quiet_lightning_noise()
+    check_device_options(config)
+    precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
     once_per_epoch = isinstance(t.val_check_interval, float) and t.val_check_interval == 1.0
     callbacks = training_callbacks(config, run_dir)
     loggers = training_loggers(run_dir, t.tensorboard)

@@ -23,7 +23,6 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -441,7 +440,6 @@ def train_into(config: Config, run_dir: Path) -> None:
     # up with the data, after Lightning has checked its options
     local_sources(config.data)
     trainer = build_trainer(config, run_dir)  # Lightning checks its own options here
-    check_launcher(trainer, config.trainer.strategy)
     data = prepare_data(config.data)
     references = list(data.text["val"]["tgt"])
     if not references:  # else it fails at the first validation, after training
@@ -530,17 +528,6 @@ def nothing_to_train(config: Config, last: Path) -> bool:
     if why is not None and rank_zero_only.rank == 0:
         print(f"nothing to train: {why}", flush=True)
     return why is not None
-
-
-def check_launcher(trainer: L.Trainer, strategy: str) -> None:
-    """Only strategies that run this same command in every process: those that start
-    processes for fit alone (ddp_spawn, ddp_fork, and ``auto`` on several GPUs in a notebook)
-    hand nothing back to the process that finishes the run (its last validation,
-    train_stats.json)."""
-    if isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
-        raise NMTError(f"trainer.strategy {strategy} trains in processes that "
-                       "hand nothing back to the one that finishes the run: use ddp, which runs "
-                       "the same command in one process per device")
 
 
 def check_batches_per_process(datamodule: TranslationDataModule, config: Config,

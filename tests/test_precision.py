@@ -130,6 +130,28 @@ def test_only_the_first_ddp_process_says_what_it_probes_and_chose(cache, monkeyp
     assert rank == 0 or printed.out == printed.err == ""
 
 
+@pytest.mark.parametrize("option, message", [
+    ("trainer.strategy=bogus", "trainer option rejected by Lightning: You selected an invalid strategy"),
+    ("trainer.accelerator=bogus",
+     "trainer option rejected by Lightning: You selected an invalid accelerator"),
+    ("trainer.devices=abc", "trainer option rejected by Lightning: `devices` selected with "),
+    ("trainer.num_nodes=0", "trainer option rejected by Lightning: `num_nodes` must be a positive"),
+    ("trainer.strategy=ddp_spawn", "trainer.strategy ddp_spawn trains in processes that hand nothing"),
+])
+def test_a_bad_trainer_option_is_refused_before_the_precision_probe(tmp_path, cache, monkeypatch,
+                                                                   capfd, option, message):
+    """Lightning checked these options when training built its Trainer, after auto had timed
+    bf16 against fp32: the probe's wait and its line came first, then the error."""
+    calls = fake_timing(monkeypatch, 1.0, 0.5)
+    monkeypatch.setattr(trainer_module, "_announced", set())  # as in a new process
+    files = write_corpus(tmp_path)
+    args = tiny_train_args(files, tmp_path / "run", tmp_path / "data")
+    assert main([*args, "trainer.precision=auto", option]) == 1
+    out, err = capfd.readouterr()
+    assert not calls and out == "" and err.startswith(f"error: {message}"), (out, err)
+    assert len(err.splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("model, shapes", [
     # Sizes the config leaves out are the family's defaults (d_model 256, ff_dim 1024), not 512.
     ({"family": "transformer"}, [(512, 256, 256), (512, 256, 1024), (512, 256, 100)]),
