@@ -13,6 +13,8 @@ few rows of a decoding step, matmul timings do not predict it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -128,14 +130,22 @@ def _cached(key: str) -> dict | None:
 
 
 def _store(key: str, value: dict) -> None:
-    entries = _entries()
-    entries[key] = value
+    """Add ``value`` to the cache under ``key``: read, add, and rename a new file over it
+    (readers see the old file or the new, whole), all under an exclusive lock on a file beside
+    it, so that processes storing at once (nmt compare --jobs 2) do not each write what they
+    read without the other's entry. Where nothing can be written (a read-only home), nothing is
+    stored: probe again next time."""
     try:
         CACHE.parent.mkdir(parents=True, exist_ok=True)
-        tmp = CACHE.with_name(f".{CACHE.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(entries, indent=1))
-        os.replace(tmp, CACHE)
-    except OSError:  # a read-only home: probe again next time
+        with open(CACHE.with_name(f"{CACHE.name}.lock"), "a") as lock:
+            with contextlib.suppress(OSError):  # a file system without locks: unguarded
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+            entries = _entries()
+            entries[key] = value
+            tmp = CACHE.with_name(f".{CACHE.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(entries, indent=1))
+            os.replace(tmp, CACHE)
+    except OSError:
         pass
 
 

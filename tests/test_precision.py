@@ -1,7 +1,9 @@
 """precision: auto decides by measurement on CPU, and says why."""
 
+import errno
 import json
 import random
+import threading
 
 import pytest
 import torch
@@ -370,6 +372,54 @@ def test_a_disturbed_decoding_probe_decides_this_run_only(cache, monkeypatch, ca
     third = precision.decoding_precision(config, None, "cpu")
     assert len(calls) == 2 and second.precision == third.precision == "bf16-mixed"
     assert "(probe)" in second.reason and "(cached probe)" in third.reason and not third.measured
+
+
+def test_stores_at_once_keep_each_others_entries(cache, monkeypatch):
+    """Two processes storing at once (nmt compare --jobs 2) each read the cache, added their
+    entry and renamed their file over it: the last rename dropped the other's entry. Here the
+    second store comes while the first holds what it read (in a thread: flock excludes
+    another open file as it does another process); it waits for the first to have written."""
+    read, first_read, second_read = precision._entries, threading.Event(), threading.Event()
+
+    def entries() -> dict:
+        found = read()
+        if not first_read.is_set():  # the first store's: hold it until the second has read
+            first_read.set()
+            second_read.wait(timeout=0.5)  # in vain where the second waits for the lock
+        else:
+            second_read.set()
+        return found
+
+    monkeypatch.setattr(precision, "_entries", entries)
+    timing = {"fp32": 1.0, "bf16": 0.5, "steady": True}
+    first = threading.Thread(target=precision._store, args=("first", timing))
+    first.start()
+    first_read.wait()
+    precision._store("second", timing)
+    first.join()
+    assert json.loads(cache.read_text()) == {"first": timing, "second": timing}
+
+
+def test_a_file_system_without_locks_still_caches(cache, monkeypatch):
+    """flock fails on some network file systems: the answer is stored unguarded, as before
+    the lock, not left out (DDP's other processes read the first one's answer there)."""
+    def no_locks(file, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(precision.fcntl, "flock", no_locks)
+    timing = {"fp32": 1.0, "bf16": 0.5, "steady": True}
+    precision._store("key", timing)
+    assert json.loads(cache.read_text()) == {"key": timing}
+
+
+def test_a_cache_that_cannot_be_written_is_no_error(tmp_path, monkeypatch):
+    """A home where nothing can be written (here a file where the folder would be, which even
+    root cannot write into): nothing is cached, no lock file either, and no error."""
+    home = tmp_path / "home"
+    home.write_text("")
+    monkeypatch.setattr(precision, "CACHE", home / ".cache" / "precision.json")
+    precision._store("key", {"fp32": 1.0, "bf16": 0.5, "steady": True})
+    assert precision._entries() == {} and list(tmp_path.iterdir()) == [home]
 
 
 def test_a_disturbed_training_probe_is_cached_for_the_other_ddp_processes(cache, monkeypatch):
