@@ -38,7 +38,7 @@ from nmt.data.module import (
     prepare_data,
     training_pairs_note,
 )
-from nmt.data.prepare import check_prepared_targets
+from nmt.data.prepare import check_prepared_text
 from nmt.data.tokenizer import PAD, Tokenizer
 from nmt.errors import NMTError
 from nmt.files import write_atomic
@@ -444,7 +444,8 @@ def train_into(config: Config, run_dir: Path) -> None:
     references = list(data.text["val"]["tgt"])
     if not references:  # else it fails at the first validation, after training
         raise NMTError("the validation split is empty: training validates and keeps checkpoints by it")
-    check_prepared_targets(data.folder, "val", references)  # before the run's files are written
+    sides = {config.data.src_lang: list(data.text["val"]["src"]), config.data.tgt_lang: references}
+    check_prepared_text(data.folder, "val", sides)  # before the run's files are written
     L.seed_everything(config.seed, workers=True, verbose=False)  # the weights: the seed's alone
     model = build_model(config.model, len(data.tokenizer))
     if resume_from is not None:  # before anything of the run is replaced

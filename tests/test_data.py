@@ -21,7 +21,7 @@ from nmt.config import DataConfig, load_config
 from nmt.data.batching import PairDataset, TokenBatchSampler, collate
 from nmt.data.corpus import load_corpus, read_pairs
 from nmt.data.module import TranslationDataModule, prepare_data, split_dataset
-from nmt.data.prepare import check_prepared_targets, load_side, prepare, sample_pairs
+from nmt.data.prepare import check_prepared_text, load_side, prepare, sample_pairs
 from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
 from nmt.errors import NMTError
 
@@ -254,7 +254,7 @@ def test_a_text_changed_unseen_by_the_cache_is_not_scored_against_its_old_ids(tm
         cfg = _local_layout(tmp_path / "data", files)
         validation = tmp_path / "data" / "toy" / "val.en"
     folder = prepare(cfg)
-    check_prepared_targets(folder, "val", load_corpus(cfg)["val"]["tgt"])  # as prepared: passes
+    check_prepared_text(folder, "val", {"en": load_corpus(cfg)["val"]["tgt"]})  # as prepared: passes
     before = validation.stat()
     rows = validation.read_text(encoding="utf-8").splitlines(keepends=True)
     validation.write_text("".join(reversed(rows)), encoding="utf-8")  # same size, same name
@@ -262,7 +262,31 @@ def test_a_text_changed_unseen_by_the_cache_is_not_scored_against_its_old_ids(tm
     assert prepare(cfg) == folder  # the cache cannot see it ...
     with pytest.raises(NMTError, match=r"the val split's text changed since it was prepared in "
                        rf"{re.escape(str(folder))}: delete that folder"):
-        check_prepared_targets(folder, "val", load_corpus(cfg)["val"]["tgt"])  # ... training does
+        check_prepared_text(folder, "val", {"en": load_corpus(cfg)["val"]["tgt"]})  # ... training does
+
+
+def test_the_reverse_direction_trains_on_the_folder_the_other_prepared(tmp_path, capsys):
+    """Both directions of a pair share one prepared folder, and training checks the folder
+    against the validation text read now: the reverse direction's references are the other
+    language's side. The folder recorded the preparing direction's targets alone, so the
+    reverse direction stopped with 'the val split's text changed since it was prepared'."""
+    files = write_corpus(tmp_path)
+    data = tmp_path / "data"
+    assert main(tiny_train_args(files, tmp_path / "de-en", data)) == 0
+    reverse = {split: paths[::-1] for split, paths in files.items()}
+    capsys.readouterr()
+    assert main([*tiny_train_args(reverse, tmp_path / "en-de", data),
+                 "--src-lang", "en", "--tgt-lang", "de"]) == 0, capsys.readouterr().err
+    (folder,) = (data / "prepared").iterdir()  # the one folder, not prepared again
+    # A folder prepared when only the preparing direction's targets were recorded serves both
+    # directions too, and still finds a changed text
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["target_sha1"] = {split: sides["en"] for split, sides in meta.pop("text_sha1").items()}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    val = {lang: Path(path).read_text().splitlines() for lang, path in zip(("de", "en"), files["val"])}
+    check_prepared_text(folder, "val", val)
+    with pytest.raises(NMTError, match="the val split's text changed"):
+        check_prepared_text(folder, "val", {lang: lines[::-1] for lang, lines in val.items()})
 
 
 def split_text(folder, split) -> str:

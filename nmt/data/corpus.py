@@ -274,7 +274,7 @@ def source_identity(source: Source) -> list:
     modification time (not its inode or status-change time: a copy staged with ``rsync -a``
     is the same corpus), a Hub dataset's fingerprint, or a stream's name and version. What
     that cannot see (another text of the same size and time, a stream revised under its
-    name) ``nmt.data.prepare.check_prepared_targets`` finds in the validation references,
+    name) ``nmt.data.prepare.check_prepared_text`` finds in the validation pairs,
     not in the training split."""
     if isinstance(source, HubSplit):
         return [source.rows._fingerprint]

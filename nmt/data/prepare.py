@@ -8,16 +8,16 @@ training memory-maps (its memory does not grow with the corpus).
 * ``<split>.<lang>.ids``: every sentence's piece ids end to end (dtype in ``meta.json``);
 * ``<split>.<lang>.lengths.npy``: pieces per sentence (int32), whose running sum gives offsets;
 * ``meta.json``, written last (a folder without it is incomplete): the id type, each split's
-  pairs, the vocabulary size, and a sha1 of each split's target text (``target_sha1``), which
-  training checks the validation references against.
+  pairs, the vocabulary size, and a sha1 of each split's text per language (``text_sha1``),
+  which training checks the validation pairs against (either direction: both are recorded).
 
 The key hashes everything the result depends on: each input file's path, size and modification
 time (or the Hub dataset's fingerprint), the language pair, ``train_lines``, ``vocab_size`` and
 ``spm_sample``. Change any of them and a new folder is prepared; the same inputs reuse it. Both
 directions of a pair share one folder (the ids are stored per language; a Hub split is keyed
 with its languages' columns in sorted order, ``nmt.data.corpus.HubSplit``). What the key cannot
-see (another text of the same size and time) ``check_prepared_targets`` finds in the
-validation references; in the training split it goes unseen.
+see (another text of the same size and time) ``check_prepared_text`` finds in the
+validation pairs; in the training split it goes unseen.
 """
 
 from __future__ import annotations
@@ -142,15 +142,16 @@ def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> dict[st
     del src, tgt
     lap("SentencePiece")
     dtype = np.uint16 if len(tokenizer) <= 1 << 16 else np.int32
-    pairs, targets = {}, {}
+    pairs, texts = {}, {}
+    langs = (cfg.src_lang, cfg.tgt_lang)
     for split, source in sources.items():
         limit = cfg.train_lines if split == "train" else None
-        stems = [folder / f"{split}.{cfg.src_lang}", folder / f"{split}.{cfg.tgt_lang}"]
-        pairs[split], targets[split] = _encode_split(read_pairs(source, limit), tokenizer, dtype,
-                                                     stems)
+        stems = [folder / f"{split}.{lang}" for lang in langs]
+        pairs[split], digests = _encode_split(read_pairs(source, limit), tokenizer, dtype, stems)
+        texts[split] = dict(zip(langs, digests))
     lap("encode")
     meta = {"format": FORMAT, "dtype": np.dtype(dtype).name, "pairs": pairs,
-            "vocab_size": len(tokenizer), "target_sha1": targets}
+            "vocab_size": len(tokenizer), "text_sha1": texts}
     (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return seconds
 
@@ -177,16 +178,17 @@ def _smallest(keys: np.ndarray, src: list[str], tgt: list[str], size: int):
     return keys[keep], [src[i] for i in keep], [tgt[i] for i in keep]
 
 
-def _encode_split(chunks, tokenizer: Tokenizer, dtype, stems: list[Path]) -> tuple[int, str]:
+def _encode_split(chunks, tokenizer: Tokenizer, dtype, stems: list[Path]
+                  ) -> tuple[int, list[str]]:
     """Encode (sources, targets) chunks into ``<stem>.ids`` and ``<stem>.lengths.npy``;
-    returns the number of pairs and the targets' ``lines_sha1``."""
+    returns the number of pairs and each side's ``lines_sha1``."""
     threads = os.cpu_count() or 1
     lengths: list[list[np.ndarray]] = [[], []]
-    targets = hashlib.sha1()
+    digests = [hashlib.sha1(), hashlib.sha1()]
     with open(f"{stems[0]}.ids", "wb") as src_file, open(f"{stems[1]}.ids", "wb") as tgt_file:
         for texts in chunks:
-            _add_lines(targets, texts[1])
             for side, (lines, out) in enumerate(zip(texts, (src_file, tgt_file))):
+                _add_lines(digests[side], lines)
                 ids = tokenizer.encode(lines, threads)
                 sizes = np.fromiter(map(len, ids), np.int32, count=len(ids))
                 flat = np.fromiter(chain.from_iterable(ids), dtype, count=int(sizes.sum()))
@@ -194,7 +196,7 @@ def _encode_split(chunks, tokenizer: Tokenizer, dtype, stems: list[Path]) -> tup
                 lengths[side].append(sizes)
     for stem, parts in zip(stems, lengths):
         np.save(f"{stem}.lengths.npy", np.concatenate(parts) if parts else np.zeros(0, np.int32))
-    return int(sum(len(p) for p in lengths[0])), targets.hexdigest()
+    return int(sum(len(p) for p in lengths[0])), [digest.hexdigest() for digest in digests]
 
 
 def _add_lines(digest, lines: list[str]) -> None:
@@ -208,12 +210,21 @@ def lines_sha1(lines: list[str]) -> str:
     return digest.hexdigest()
 
 
-def check_prepared_targets(folder: Path, split: str, lines: list[str]) -> None:
-    """``lines`` (a split's target text read now, e.g. validation references) must be the text
-    ``folder`` holds the ids of: a source changed since without the cache seeing it (a Hub
-    stream revised under the same name) would pair old ids with new references."""
-    recorded = json.loads((folder / "meta.json").read_text()).get("target_sha1", {}).get(split)
-    if recorded is not None and recorded != lines_sha1(lines):  # None: prepared before the record
+def check_prepared_text(folder: Path, split: str, texts: dict[str, list[str]]) -> None:
+    """``texts`` (a split's lines per language, read now: the validation sources and
+    references) must be the text ``folder`` holds the ids of: a source changed since without
+    the cache seeing it (a Hub stream revised under the same name) would pair old ids with new
+    references. Either direction of the pair: the folder records both languages' text."""
+    meta = json.loads((folder / "meta.json").read_text())
+    now = {lang: lines_sha1(lines) for lang, lines in texts.items()}
+    recorded = meta.get("text_sha1", {}).get(split)
+    if recorded is not None:
+        changed = any(recorded.get(lang, digest) != digest for lang, digest in now.items())
+    else:  # prepared when only the preparing direction's targets were recorded, of either
+        # language now (None: prepared before any record)
+        legacy = meta.get("target_sha1", {}).get(split)
+        changed = legacy is not None and legacy not in now.values()
+    if changed:
         raise NMTError(f"the {split} split's text changed since it was prepared in {folder}: "
                        "delete that folder and it is prepared again from the text as it is now")
 
