@@ -112,14 +112,18 @@ HERE = ("./", f".{os.sep}")  # how a path from the current folder begins ...
 FROM_HERE = (*HERE, "../", f"..{os.sep}")  # ... or from the one above it
 
 
+# The checkpoints training writes at the top of a run (averaged.ckpt: nmt average's too)
+RUN_WEIGHTS = ("best.ckpt", "last.ckpt", "averaged.ckpt")
+
+
 def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool = True) -> Path:
     """``weights`` if given: a file in the run directory (e.g. averaged.ckpt from ``nmt
     average``, steps/step30.ckpt), else a path with a folder in it as given (absolute, or from
     the current directory; a bare name is never looked for outside the run, one that begins
-    with ./ or ../ never inside it); otherwise the
-    run's final weights (train_stats.json, see ``nmt.average.final_weights``), else best.ckpt,
-    else last.ckpt, with a warning unless ``warn`` is False (a check before the load that
-    warns)."""
+    with ./ or ../ never inside it; one of another run that decodes otherwise is an error, see
+    ``check_weights_of``); otherwise the run's final weights (train_stats.json, see
+    ``nmt.average.final_weights``), else best.ckpt, else last.ckpt, with a warning unless
+    ``warn`` is False (a check before the load that warns)."""
     if weights is not None:
         inside, given = run_dir / weights, Path(weights)
         from_here = str(weights).startswith(FROM_HERE)  # Path drops a "./": read it as given
@@ -129,6 +133,7 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool
             tried = [inside] if given.parent == Path(".") else [inside, given]
         for path in tried:
             if path.is_file():
+                check_weights_of(run_dir, path)
                 return path
         if from_here:
             hint = f"; {run_dir / given} exists: give {given} for it" \
@@ -144,6 +149,38 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool
             return run_dir / name
     refuse_export(run_dir, "decode it with --engine ctranslate2")
     raise NMTError(f"no best.ckpt or last.ckpt in {run_dir}: is it a training run directory?")
+
+
+def check_weights_of(run_dir: Path, path: Path) -> None:
+    """A one-line error where ``path``, a weights file ``--weights`` names, is a checkpoint of
+    another training run that decodes otherwise than ``run_dir``: of another language pair,
+    scorer or SentencePiece model. Weights of the same shapes load into ``run_dir``'s model
+    whatever run wrote them, and would translate silently wrong (into the source language,
+    with a scorer they were not trained with, their piece ids read as other pieces). A run's
+    checkpoints are its best.ckpt, last.ckpt, averaged.ckpt and those in its steps/; another
+    file in it may be another run's (``nmt average --out`` writes a new .ckpt anywhere)."""
+    if path.name in RUN_WEIGHTS:
+        other = path.parent
+    elif path.parent.name == "steps":  # nmt.average.STEPS_DIR, kept by training
+        other = path.parent.parent
+    else:
+        return
+    is_run = (other / "config.yaml").is_file() and (other / "spm.model").is_file()
+    if not is_run or other.resolve() == run_dir.resolve():  # no run to compare, or this one
+        return
+    config, theirs = run_config(run_dir), run_config(other)
+    pairs = [f"{c.data.src_lang}->{c.data.tgt_lang}" for c in (config, theirs)]
+    scorers = [c.model.get("attention") for c in (config, theirs)]
+    if pairs[0] != pairs[1]:
+        differs = f"trained {pairs[1]}, not {pairs[0]} as {run_dir}"
+    elif scorers[0] != scorers[1]:
+        differs = f"with {scorers[1]} attention, not {scorers[0]} as {run_dir}"
+    elif Tokenizer(other / "spm.model").vocabulary() != Tokenizer(run_dir / "spm.model").vocabulary():
+        differs = f"whose SentencePiece model is not {run_dir}'s"
+    else:
+        return
+    raise NMTError(f"--weights {path} is a checkpoint of the run {other}, {differs}: translate "
+                   f"with --checkpoint {other}")
 
 
 def final_weights_of(run_dir: Path) -> str | None:

@@ -592,6 +592,46 @@ def test_weights_that_cannot_decode_are_named_in_one_line(run, tmp_path, capsys,
         check_run_weights(other)
 
 
+@pytest.mark.parametrize("change", ["pair", "attention", "pieces"])
+def test_weights_of_another_run_that_decodes_otherwise_are_refused(run, corpus, tmp_path, capsys,
+                                                                    change):
+    """--weights may name a file outside the run, and weights of the same shapes load into
+    its model whatever run wrote them: a checkpoint of a run trained in the other direction
+    (the same corpus: the same pieces), with another scorer without weights of its own, or
+    with another SentencePiece model translated silently wrong (into the source language,
+    with the wrong scorer, its piece ids read as other pieces). A file of the run itself, of
+    a copy of it, or an average of it written into the other run decodes as before."""
+    from nmt.data.tokenizer import train_tokenizer
+
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    source = tmp_path / "in.txt"
+    source.write_text("haus mann\n")
+    assert main(["translate", "--checkpoint", str(run), "--weights", str(other / "best.ckpt"),
+                 "--input", str(source)]) == 0  # a copy of the run: the same run
+    capsys.readouterr()
+    config = load_config(other / "config.yaml")
+    if change == "pair":
+        config.data.src_lang, config.data.tgt_lang = config.data.tgt_lang, config.data.src_lang
+    elif change == "attention":
+        config.model["attention"] = "dot"
+    else:  # as many pieces, learnt from other text
+        lines = Path(corpus[1]["train"][0]).read_text(encoding="utf-8").splitlines()
+        train_tokenizer([line[::-1] for line in lines], other / "spm.model", config.data.vocab_size)
+    save_config(config, other / "config.yaml")
+    for weights in (other / "best.ckpt", sorted((other / "steps").glob("*.ckpt"))[0]):
+        out = tmp_path / "out.txt"
+        assert main(["translate", "--checkpoint", str(run), "--weights", str(weights),
+                     "--input", str(source), "--output", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --weights {weights} is a checkpoint of the run {other}, ")
+        assert err.count("\n") == 1 and not out.exists()
+    # An average of this run written into the other one is not the other run's
+    assert main(["average", "--checkpoint", str(run), "--out", str(other / "mine.ckpt")]) == 0
+    assert main(["translate", "--checkpoint", str(run), "--weights", str(other / "mine.ckpt"),
+                 "--input", str(source)]) == 0
+
+
 def test_a_run_that_diverges_stops_in_one_line_before_writing_its_weights(corpus, tmp_path, capsys):
     """A learning rate of 1e30 makes the weights NaN by the first validation: training stops
     there (it went on to the end, exit 0, with NaN checkpoints that decoded nothing), and a
