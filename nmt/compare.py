@@ -233,13 +233,14 @@ def train_cell(cell: Cell, config_file: str, overrides: list[str], run_dir: Path
 
 def record_cell(cfg: CompareConfig, preset: str, cell: Cell, config_file: str,
                 overrides: list[str], key: str, resolved: dict, run_dir: Path,
-                record_dir: Path) -> str:
-    """Train one cell (unless its run is finished) and write its record; returns its name."""
+                record_dir: Path, trial: list[str]) -> str:
+    """Train one cell (unless its run is finished) and write its record, which names the
+    options of a ``trial`` (``trial_options``); returns the cell's name."""
     from nmt.study_cell import finish_cell
 
     train_cell(cell, config_file, overrides, run_dir)
     print(f"  {cell.name}: decoding and recording", flush=True)
-    finish_cell(cfg, preset, cell, key, resolved, run_dir, record_dir)
+    finish_cell(cfg, preset, cell, key, resolved, run_dir, record_dir, trial)
     return cell.name
 
 
@@ -284,20 +285,38 @@ def record_in_parallel(jobs: list[tuple], workers: int) -> None:
         raise NMTError("; ".join(problems))
 
 
+def trial_options(cfg: CompareConfig, preset: str, cell: Cell, key: str,
+                  extra: list[str]) -> list[str]:
+    """The command line's options ``extra`` where they make the cell (of ``key``) another than
+    the preset's own, a trial; none where they change nothing (e.g. the preset's own epochs)."""
+    return [] if key == preset_key(cfg, preset, cell) else list(extra)
+
+
+def preset_key(cfg: CompareConfig, preset: str, cell: Cell) -> str:
+    """The key of the preset's own cell: without options on the command line."""
+    return cell_key(cfg.families[cell.family], cell_overrides(cfg, preset, cell, []))[0]
+
+
 def check_replaceable(cfg: CompareConfig, preset: str, cell: Cell, record: dict,
-                      record_dir: Path, extra: list[str]) -> None:
+                      record_dir: Path, trial: list[str]) -> None:
     """A record of other options is replaced where the preset changed (what a study's
-    records follow), not by another preset's cell of the same name, nor by a trial: options
-    on the command line that make other cells than the preset's own, whose record it is.
-    A one-line error there, before anything trains."""
+    records follow), not by another preset's cell of the same name, nor by a trial's (options
+    on the command line, ``trial``, that make other cells than the preset's own) other than the
+    record's, nor by the preset's own over a trial's. A one-line error there, before anything
+    trains."""
     if record.get("preset", preset) != preset:
         raise NMTError(f"{record_dir} holds preset {record['preset']}'s record of this cell, "
                        f"which preset {preset} would replace: give each preset its own --out")
-    if extra and record["key"] == cell_key(cfg.families[cell.family],
-                                           cell_overrides(cfg, preset, cell, []))[0]:
-        raise NMTError(f"{record_dir} holds preset {preset}'s own record of this cell, which "
-                       f"this run with {' '.join(extra)} would replace: give another --out "
-                       "for a trial")
+    if "trial" in record:
+        recorded = record["trial"]
+    elif record["key"] == preset_key(cfg, preset, cell):
+        recorded = []  # a record from before records named their trial: the preset's own
+    else:
+        recorded = trial  # ... or of options unknown: replaced, as then
+    if recorded != trial:
+        made, now = (" ".join(options) or "the preset's options alone" for options in (recorded, trial))
+        raise NMTError(f"{record_dir} holds a record of this cell made with {made}, which this "
+                       f"run with {now} would replace: give another --out for a trial")
 
 
 def planned_jobs(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: list[str],
@@ -320,11 +339,13 @@ def planned_jobs(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: 
         run_dir = runs / f"{cell.name}-{key}"
         if not (train or (run_dir / "train_stats.json").is_file()):
             continue
+        trial = trial_options(cfg, preset, cell, key, extra)
         if record is not None and record["key"] != key:
-            check_replaceable(cfg, preset, cell, record, record_dir, extra)
+            check_replaceable(cfg, preset, cell, record, record_dir, trial)
             lines.append(f"{cell.name}: its record is of other options (key {record['key']}): "
                          "replaced")
-        jobs.append((cfg, preset, cell, config_file, overrides, key, resolved, run_dir, record_dir))
+        jobs.append((cfg, preset, cell, config_file, overrides, key, resolved, run_dir,
+                     record_dir, trial))
     return jobs, lines
 
 

@@ -104,9 +104,11 @@ def read_hypotheses(folder: Path, sentences: int) -> list[str]:
 
 
 def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
-                record_dir: Path) -> dict:
+                record_dir: Path, trial: list[str] = ()) -> dict:
     """Decode the test split (in fp32 on every machine, so that records compare), measure
-    the attention, write the record and hypotheses."""
+    the attention, write the record and hypotheses. ``trial``: the command line's options that
+    made the cell another than its preset's (``nmt.compare.trial_options``), which
+    ``nmt.compare.check_replaceable`` reads."""
     translator = Translator.from_run_dir(run_dir, precision="32-true")
     sources, references = split_pairs(translator.config.data, "test")
     start = time.perf_counter()
@@ -114,7 +116,7 @@ def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
     seconds = time.perf_counter() - start
     record = {
         "cell": asdict(cell), "name": cell.name, "preset": preset, "key": key,
-        "config": resolved,
+        "trial": list(trial), "config": resolved,
         "scores": {**score_corpus(hyps, references),
                    "bleu_lc": round(BLEU(lowercase=True).corpus_score(hyps, [references]).score, 2),
                    "beam": cfg.beam},

@@ -199,6 +199,27 @@ def test_references_changed_since_a_cell_was_scored_are_a_one_line_error(study, 
     assert f"are not those it was scored on ({then})" in err and err.count("\n") == 1, err
 
 
+def test_a_trials_record_is_not_replaced_by_another_trial_or_by_the_preset(study, tmp_path, capsys):
+    """Records made with an option on the command line (a trial) were replaced without a word
+    by a run with other options, or with none: only the preset's own records were kept."""
+    run, out, files, folder = study
+    shutil.copytree(out / "a", tmp_path / "a", ignore=shutil.ignore_patterns("figures"))
+    records = sorted((tmp_path / "a" / "cells").glob("*/record.json"))
+    for path in records:  # as a trial with optim.lr=0.002 recorded them
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "key": "0123456789ab", "trial": ["optim.lr=0.002"]}))
+    before = [path.read_text() for path in records]
+    for more, now in ((["--optim.lr", "0.004"], "optim.lr=0.004"),
+                      ([], "the preset's options alone")):
+        capsys.readouterr()
+        assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", "a",
+                     "--out", str(tmp_path / "a"), "--runs", str(tmp_path / "runs"), *more]) == 1
+        err = capsys.readouterr().err
+        assert f"made with optim.lr=0.002, which this run with {now} would replace" in err, err
+    assert [path.read_text() for path in records] == before
+    assert not (tmp_path / "runs").exists()  # refused before anything trained
+
+
 def test_a_record_is_not_replaced_by_another_presets_cell_or_a_trial(study, tmp_path, capsys):
     """Records are named by cell, not key: preset b's rnn_additive_seed1 in a's --out, or a run
     with an option given on the command line, replaced the study's record without a word."""
