@@ -171,8 +171,12 @@ def check_not_run_file(run: Path, target: Path, out: Path) -> None:
     """``target`` is none of ``run``'s own files (inside it only a new .ckpt may go)."""
     checkpoints = {(run / name).resolve() for name in ("best.ckpt", "last.ckpt")}  # links too
     own = target in checkpoints or target.is_relative_to((run / STEPS_DIR).resolve())
-    if own or (target.is_relative_to(run) and target.suffix != ".ckpt"):
+    inside = target.is_relative_to(run) and target.suffix != ".ckpt"
+    if own or (inside and target.exists()):
         raise NMTError(f"--out {out} is one of the own files of the run {run}; name another .ckpt")
+    if inside:  # a new file, but of a name the run's own files may take (logs, eval)
+        raise NMTError(f"--out {out} is inside the run {run}, where only a new .ckpt may go; "
+                       "name a .ckpt, or a file outside the run")
 
 
 class KeepLastCheckpoints(RunCheckpoint):

@@ -210,7 +210,8 @@ def test_a_run_past_its_best_validation_ends_with_averaged_weights(tmp_path, cap
 def test_the_average_never_overwrites_the_runs_own_files(tmp_path, out):
     _save(tmp_path / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
     _save(tmp_path / "best.ckpt", {"model.w": torch.zeros(2)})
-    for name in ("spm.model", "config.yaml", "train_stats.json"):
+    for name in ("spm.model", "config.yaml", "train_stats.json", "logs/x.ckpt.csv"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(name)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     with pytest.raises(NMTError, match="is one of the own files of the run .*; name another .ckpt"):
@@ -227,6 +228,15 @@ def test_a_checkpoint_linked_from_elsewhere_is_still_the_runs_own(tmp_path):
     with pytest.raises(NMTError, match="is one of the own files of the run"):
         average_run(run, out=run / "best.ckpt")
     assert elsewhere.read_bytes() == before
+
+
+def test_a_new_file_inside_a_run_must_be_a_ckpt_and_is_not_called_the_runs_own(tmp_path):
+    """--out RUN/notes.txt, a file that does not exist, was refused as "one of the own files
+    of the run": the rule is that inside a run only a new .ckpt may go."""
+    _save(tmp_path / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
+    with pytest.raises(NMTError, match=r"is inside the run .*, where only a new \.ckpt may go"):
+        average_run(tmp_path, out=tmp_path / "notes.txt")
+    assert not (tmp_path / "notes.txt").exists()
 
 
 def test_the_average_training_chose_is_not_replaced_by_another(tmp_path):
