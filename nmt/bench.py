@@ -237,20 +237,21 @@ def _speed_ratios(rows: list[dict]) -> dict:
     return ratios
 
 
-def _torch_decoders(translator: Translator, precisions: tuple[str, ...],
-                    beams: list[int]) -> dict[int, list[Translator]]:
+def _torch_decoders(translator: Translator, precisions: tuple[str, ...], beams: list[int],
+                    sentences: int | None) -> dict[int, list[Translator]]:
     """At each beam, a translator per precision that ``precisions`` resolve to there (auto may
-    be 32-true, and is probed at that beam, as translate --beam probes it), ``precisions[0]``'s
-    first. At the first beam that one is ``translator``, resolved once: auto probed again (its
-    answer is not cached on a busy machine) could choose otherwise."""
+    be 32-true, and is probed at that beam for ``sentences`` decoded together, as translate
+    --beam probes it), ``precisions[0]``'s first. At the first beam that one is
+    ``translator``, resolved once: auto probed again (its answer is not cached on a busy
+    machine) could choose otherwise."""
     model, tokenizer, config = translator.model, translator.tokenizer, translator.config
     decoders = {}
     for beam in beams:
         first = translator if beam == beams[0] else Translator(model, tokenizer, config,
-                                                                precisions[0], beam=beam)
+                                                                precisions[0], sentences, beam)
         chosen = {first.precision.precision: first}
         for p in precisions[1:]:
-            decoder = Translator(model, tokenizer, config, p, beam=beam)
+            decoder = Translator(model, tokenizer, config, p, sentences, beam)
             chosen.setdefault(decoder.precision.precision, decoder)
         decoders[beam] = list(chosen.values())
     return decoders
@@ -283,11 +284,15 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
         check_engine_options(engine, None, None, ensemble)
     refuse_export(run_dir, "bench decode takes a training run (--engine ctranslate2 exports "
                            "it in float32)")
-    translator = Translator.from_run_dir(run_dir, precision=precisions[0], beam=beams[0],
-                                         ensemble=ensemble)
+    # auto decides for the sentences decoded together: --limit of them at most; CTranslate2
+    # alone decodes nothing in torch, whose translator then only reads the run
+    precision = precisions[0] if "torch" in engines else "32-true"
+    translator = Translator.from_run_dir(run_dir, precision=precision, sentences=limit,
+                                         beam=beams[0], ensemble=ensemble)
     sources, references = split_pairs(translator.config.data, split)
     corpus = {"src": sources[:limit], "tgt": references[:limit]}
-    torch_decoders = _torch_decoders(translator, precisions, beams) if "torch" in engines else {}
+    torch_decoders = _torch_decoders(translator, precisions, beams, limit) \
+        if "torch" in engines else {}
     with tempfile.TemporaryDirectory() as tmp:
         ct2 = None
         if "ctranslate2" in engines:
@@ -297,7 +302,7 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
         settings = [(engine, decoder, beam) for beam in beams for engine in engines
                     for decoder in (torch_decoders[beam] if engine == "torch" else [ct2])]
         rows = _decode_rows(settings, corpus, repeat)
-    if recompute:  # greedy: in the greedy rows' precision, where there are some
+    if recompute and "torch" in engines:  # greedy: in the greedy rows' precision, where there are some
         rows.append(_recompute_row(torch_decoders.get(1, [translator])[0], corpus["src"]))
     return {"bench": "decode", "run": str(run_dir),
             "ensemble": [str(path) for path in translator.ensemble],

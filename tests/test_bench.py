@@ -205,7 +205,7 @@ def test_bench_decode_resolves_auto_once_at_each_beam(tiny, capsys, monkeypatch,
     is not cached, so the second could choose otherwise: no row was at the first's precision,
     every speed-up was left out (test_export: KeyError 'ctranslate2_float32_speedup'), and the
     probe's wait and lines came twice. It is resolved once at each beam, by a probe at that
-    beam (it probed the run's decoding.beam_size for every beam)."""
+    beam (it probed the run's decoding.beam_size for every beam), for the sentences decoded."""
     from nmt import precision
 
     _, run = tiny
@@ -215,7 +215,7 @@ def test_bench_decode_resolves_auto_once_at_each_beam(tiny, capsys, monkeypatch,
     probed = []
 
     def unsteady_probe(model, sentences, beam, rounds=2):
-        probed.append(beam)
+        probed.append((sentences, beam))
         return {"fp32": 1.0, "bf16": next(bf16_seconds[beam]), "steady": False}
 
     monkeypatch.setattr(precision, "time_decoding", unsteady_probe)
@@ -223,7 +223,8 @@ def test_bench_decode_resolves_auto_once_at_each_beam(tiny, capsys, monkeypatch,
                  "--limit", "4", "--repeat", "1"]) == 0
     out, err = capsys.readouterr()
     summary = last_json(out)
-    assert probed == [1, 2] and err.count("precision auto: timing") == 2
+    # at each beam, for the --limit sentences decoded (it timed a full batch, 500 at most)
+    assert probed == [(4, 1), (4, 2)] and err.count("precision auto: timing") == 2
     assert [(r["precision"], r["mode"]) for r in summary["rows"]] == [
         ("bf16-mixed", "greedy"), ("32-true", "beam2"), ("bf16-mixed", "greedy_recompute")]
     assert set(summary["beam_cost_vs_greedy"]) == {"greedy", "beam2", "greedy_recompute"}

@@ -190,6 +190,11 @@ def test_bench_decode_both_engines_side_by_side(run, capsys):
                     ("ctranslate2", "beam2"), ("torch", "greedy_recompute")]
     assert set(summary["ctranslate2_float32_speedup"]) == {"greedy", "beam2"}
     assert all(r["sent_per_s"] > 0 for r in summary["rows"])
+    # CTranslate2 alone: its rows, and no torch row (the recompute row is torch's)
+    assert main(["bench", "decode", "--checkpoint", str(run), "--engine", "ctranslate2",
+                 "--beam", "1", "--limit", "6"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert [(r["engine"], r["mode"]) for r in summary["rows"]] == [("ctranslate2", "greedy")]
 
 
 def test_bench_decode_unknown_engine(run, capsys):
