@@ -261,8 +261,9 @@ def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],
                            f"{other_config.data.tgt_lang}) with {run_dir} ({pair[0]}->{pair[1]})")
         if Tokenizer(Path(other) / "spm.model").vocabulary() != vocabulary:
             raise NMTError(f"cannot ensemble {other} with {run_dir}: their SentencePiece models "
-                           "differ, and an ensemble needs one vocabulary (runs on the same corpus "
-                           "and data.vocab_size share it)")
+                           "differ, and an ensemble needs one vocabulary (runs prepared from the "
+                           "same corpus with the same data.train_lines, vocab_size and spm_sample "
+                           "share it)")
 
 
 class Translator:
