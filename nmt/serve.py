@@ -45,7 +45,7 @@ from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError
 from nmt.files import is_export
-from nmt.models import build_model, check_model_config, model_option
+from nmt.models import build_model, scorer_of
 from nmt.translator import check_ensemble, check_run_weights, decoding_options, source_limit
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
@@ -263,9 +263,7 @@ def model_info(name: str, path: str, engine: str, ensemble: list[str] = ()) -> d
 def run_summary(name: str, path: str) -> dict:
     """A run's name, family, attention and languages, from its config.yaml."""
     config = load_config(Path(path) / "config.yaml")
-    cls, kwargs = check_model_config(config.model)
-    return {"name": name, "family": config.model["family"],
-            "attention": model_option(cls, kwargs, "attention"),
+    return {"name": name, "family": config.model["family"], "attention": scorer_of(config.model),
             "src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang}
 
 

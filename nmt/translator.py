@@ -23,7 +23,7 @@ from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError, first_line
 from nmt.files import refuse_export
-from nmt.models import build_model
+from nmt.models import build_model, scorer_of
 from nmt.models.ensemble import Ensemble
 from nmt.precision import autocast_dtype, decoding_precision
 from nmt.search import Hypothesis, beam_search, greedy_search
@@ -170,7 +170,7 @@ def check_weights_of(run_dir: Path, path: Path) -> None:
         return
     config, theirs = run_config(run_dir), run_config(other)
     pairs = [f"{c.data.src_lang}->{c.data.tgt_lang}" for c in (config, theirs)]
-    scorers = [c.model.get("attention") for c in (config, theirs)]
+    scorers = [scorer_of(c.model) for c in (config, theirs)]  # a default left out: the same
     if pairs[0] != pairs[1]:
         differs = f"trained {pairs[1]}, not {pairs[0]} as {run_dir}"
     elif scorers[0] != scorers[1]:

@@ -632,6 +632,20 @@ def test_weights_of_another_run_that_decodes_otherwise_are_refused(run, corpus, 
                  "--input", str(source)]) == 0
 
 
+def test_weights_of_a_run_that_names_its_default_attention_are_not_refused(run, tmp_path):
+    """A run whose config leaves model.attention out trains the family's default scorer:
+    its checkpoint decodes a run that names that scorer (nmt compare always names it). The
+    configs' raw values were compared, and None was not scaled_dot: a false refusal."""
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    config = load_config(other / "config.yaml")
+    assert config.model.pop("attention") == "scaled_dot"  # the Transformer's default
+    save_config(config, other / "config.yaml")
+    for weights in (other / "best.ckpt", run / "best.ckpt"):  # either way round
+        checkpoint = other if weights.parent == run else run
+        assert check_run_weights(checkpoint, weights) == weights
+
+
 def test_a_run_that_diverges_stops_in_one_line_before_writing_its_weights(corpus, tmp_path, capsys):
     """A learning rate of 1e30 makes the weights NaN by the first validation: training stops
     there (it went on to the end, exit 0, with NaN checkpoints that decoded nothing), and a

@@ -62,6 +62,13 @@ def check_model_value(key: str, value: Any, expected: type) -> None:
         raise NMTError(f"model.{key} must be at least 1, got {value}")
 
 
+def scorer_of(model_cfg: dict[str, Any]) -> str:
+    """The attention scorer a model section trains: model.attention, or its family's default
+    where the section leaves it out (a config may name the default or not: the same model)."""
+    cls, kwargs = check_model_config(model_cfg)
+    return model_option(cls, kwargs, "attention")
+
+
 def build_model(model_cfg: dict[str, Any], vocab_size: int) -> nn.Module:
     """Build the model of a config section ``{family: ..., <constructor arguments>}``."""
     cls, kwargs = check_model_config(model_cfg)
