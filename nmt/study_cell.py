@@ -79,6 +79,9 @@ def _values_readable(record: dict) -> bool:
     sizes = ("d_model", "heads") if model.get("family") == "transformer" else ("hidden_size",)
     return (all(type(model.get(size)) is int and model[size] > 0 for size in sizes)
             and isinstance(record.get("test_set", ""), str)
+            # a trial's options (nmt.compare.check_replaceable joins them); none in older records
+            and isinstance(record.get("trial", []), list)
+            and all(isinstance(option, str) for option in record.get("trial", []))
             and all(isinstance(provenance[key], (str, type(None))) for key in RECORD_KEYS["provenance"])
             and isinstance(segments, list) and all(isinstance(s, dict) and {"code", "from_step", "device"}
                                                    <= s.keys() for s in segments)

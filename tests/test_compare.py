@@ -411,7 +411,9 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
         {"config": {**fields["config"], "model": {"family": "rnn"}}},
         {"pictures": [{**fields["pictures"][0], "cross": "x"}]},
         {"train": {**fields["train"], "segments": ["x"]}},
-        {"attention_stats": {"cross": {"entropy": "x"}}}, {"test_set": 5})]
+        {"attention_stats": {"cross": {"entropy": "x"}}}, {"test_set": 5},
+        # the options of a trial, read where a run would replace the record (check_replaceable)
+        {"trial": None}, {"trial": "optim.lr=0.002"}, {"trial": [1]})]
     refused(record, (b'{"key": ', b"[1, 2]", b"\xff\xfe", no_scores, no_train, no_bleu,
                      *hand_edited), "is not a cell's record")
     cost = out / "a" / "cost.json"
