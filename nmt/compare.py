@@ -19,6 +19,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -249,6 +250,28 @@ def _use_threads(threads: int) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
+class _WorkerEnded(BaseException):
+    """SIGTERM in a worker's job: the pool broke (another worker died) and ends the others."""
+
+
+def _end_worker(signum: int, frame) -> None:
+    raise _WorkerEnded
+
+
+def _in_worker(fn, *args):
+    """``fn(*args)`` in a pool worker, where the pool's SIGTERM ends a training it started
+    too: ``subprocess.run`` kills its child on the way out. The worker alone died and left
+    the training going on, holding its run's lock, so the same command again could not train
+    that cell."""
+    signal.signal(signal.SIGTERM, _end_worker)
+    try:
+        return fn(*args)
+    except _WorkerEnded:
+        os._exit(128 + signal.SIGTERM)  # as SIGTERM would have: the pool waits for nothing
+    finally:  # between jobs a SIGTERM ends the worker as before, without a traceback
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def threads_per_worker(workers: int) -> int:
     """An equal share of the CPUs this process may run on (a cpuset's: taskset, a container's
     --cpuset-cpus; not a CPU quota, which affinity does not show), at least one: more threads
@@ -267,7 +290,7 @@ def record_in_parallel(jobs: list[tuple], workers: int) -> None:
     failed, lost = [], []
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_use_threads, initargs=(threads,)) as pool:
-        running = {pool.submit(record_cell, *job): job[2].name for job in jobs}
+        running = {pool.submit(_in_worker, record_cell, *job): job[2].name for job in jobs}
         for done in as_completed(running):
             try:
                 print(f"  {done.result()}: recorded", flush=True)

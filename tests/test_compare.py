@@ -321,6 +321,42 @@ def test_a_dead_worker_names_the_cells_left_unrecorded_not_failed():
         compare.record_in_parallel(jobs, workers=2)
 
 
+def test_a_broken_pool_ends_the_trainings_its_other_workers_started(tmp_path):
+    """A worker that dies breaks the pool, which ends the other workers (SIGTERM): the
+    trainings they had started (subprocess.run) went on alone, holding their runs' locks, so
+    the same command again, as the error advises, could not train those cells."""
+    import subprocess
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing import get_context
+
+    from nmt import compare
+
+    pid_file = tmp_path / "pid"
+    training = ["sh", "-c", f"echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file} && exec sleep 60"]
+    with ProcessPoolExecutor(2, mp_context=get_context("spawn"), initializer=compare._use_threads,
+                             initargs=(1,)) as pool:
+        # both workers started first: the pool watches for the death of those it had when a
+        # job came (Python 3.11 saw one started with the job only once another job ended)
+        for started in [pool.submit(os.getpid) for _ in range(2)]:
+            started.result(timeout=60)
+        running = pool.submit(compare._in_worker, subprocess.run, training)
+        for _ in range(600):
+            if pid_file.exists():
+                break
+            time.sleep(0.05)
+        pid = int(pid_file.read_text())
+        pool.submit(compare._in_worker, DiesWhenUnpickled())
+        with pytest.raises(BrokenProcessPool):
+            running.result(timeout=60)
+    state = Path(f"/proc/{pid}/stat")
+    alive = state.exists() and state.read_text().split(") ")[1][0] != "Z"
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "the training went on after its worker ended"
+
+
 def test_cells_train_in_parallel_into_their_own_records(study, capsys):
     """--jobs 2: two new cells train at once, each in its own process, and each record is its
     own cell's (seed, key), as the sequential study would write it."""
