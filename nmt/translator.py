@@ -179,8 +179,8 @@ def check_weights_of(run_dir: Path, path: Path) -> None:
         differs = f"whose SentencePiece model is not {run_dir}'s"
     else:
         return
-    raise NMTError(f"--weights {path} is a checkpoint of the run {other}, {differs}: translate "
-                   f"with --checkpoint {other}")
+    raise NMTError(f"--weights {path} is a checkpoint of the run {other}, {differs}: give "
+                   f"--checkpoint {other} for its weights")
 
 
 def final_weights_of(run_dir: Path) -> str | None:
