@@ -121,6 +121,15 @@ def out_of_patience(checkpoint: dict, patience: int) -> tuple[int, int] | None:
     return (checkpoint["global_step"], max(waits)) if waits and max(waits) >= patience else None
 
 
+def epochs_past(checkpoint: dict, max_epochs: int) -> int | None:
+    """The epochs the run of ``checkpoint`` has ended (the one it is in, or ended at its last
+    batch, not counted) where they are more than ``max_epochs`` (a budget lowered on resume),
+    else None: the run has trained past its budget, as where a lowered max_steps ends it, and
+    Lightning refused such a checkpoint with a traceback."""
+    epochs = checkpoint.get("epoch", 0)
+    return epochs if 0 < max_epochs < epochs else None
+
+
 def time_spent(checkpoint: dict, budget: str | None) -> float | None:
     """The seconds the run of ``checkpoint`` has trained where they reach ``budget``
     (DD:HH:MM:SS, as Lightning's Timer takes it), else None: the Timer counts the training of

@@ -55,6 +55,7 @@ from nmt.resume import (
     check_resumable,
     check_training_data,
     check_vocabulary,
+    epochs_past,
     forget_final_weights,
     load_mapped,
     out_of_patience,
@@ -558,8 +559,8 @@ def finish_run(config: Config, run_dir: Path, trainer: L.Trainer, module: Transl
 
 def nothing_to_train(config: Config, last: Path) -> bool:
     """Whether the run of ``last`` has nothing left to train, out of the early stopping
-    patience given now (``out_of_patience``) or of its time budget (``time_spent``); if so,
-    says why, once."""
+    patience given now (``out_of_patience``), past its epoch budget (``epochs_past``) or out
+    of its time budget (``time_spent``); if so, says why, once."""
     checkpoint = load_mapped(last)
     t = config.trainer
     why = None
@@ -567,6 +568,10 @@ def nothing_to_train(config: Config, last: Path) -> bool:
         why = (f"at update {waited[0]:,} the run's {t.best_metric} has not improved for "
                f"{waited[1]} validations, at least trainer.early_stopping_patience "
                f"{t.early_stopping_patience} (raise it, or set 0, to train on)")
+    elif (epochs := epochs_past(checkpoint, t.max_epochs)) is not None:
+        why = (f"the run has trained into epoch {epochs + 1} (to update "
+               f"{checkpoint['global_step']:,}), past --max-epochs {t.max_epochs}: raise it to "
+               "train on")
     elif (spent := time_spent(checkpoint, max_time(t.max_time))) is not None:
         why = (f"the run has trained for {datetime.timedelta(seconds=round(spent))} of its "
                f"--max-time {t.max_time} (every segment counts, validations too): raise it "

@@ -724,3 +724,19 @@ def test_sigterm_while_preparing_the_corpus_says_so_and_leaves_nothing(tmp_path)
     assert err.splitlines()[-1] == "error: stopped by SIGTERM: the same command starts the run again"
     assert list((tmp_path / "data" / "prepared").iterdir()) == []  # no temporary folder left
     assert not (tmp_path / "run").exists()
+
+
+def test_resume_with_fewer_epochs_than_trained_trains_nothing_and_says_so(tmp_path, capsys):
+    """--max-epochs lowered below the epochs a run has ended: nothing to train, said in one
+    line, as for a spent time budget. Lightning refused the checkpoint with a traceback."""
+    files = write_corpus(tmp_path)
+    run = tmp_path / "run"
+    assert main(tiny_train_args(files, run, tmp_path / "data", epochs=3)) == 0
+    stats = (run / "train_stats.json").read_text()
+    capsys.readouterr()
+    assert main(tiny_train_args(files, run, tmp_path / "data", epochs=1)) == 0
+    out, err = capsys.readouterr()
+    assert "nothing to train: the run has trained into epoch 3 (to update " in out
+    assert "past --max-epochs 1: raise it to train on" in out
+    assert "Traceback" not in err and "error" not in err
+    assert (run / "train_stats.json").read_text() == stats  # its final weights still chosen
