@@ -6,10 +6,12 @@ budgets, validation cadence and decoding may change between segments (``RESUMABL
 
 from __future__ import annotations
 
+import csv
 import datetime
 import fcntl
 import hashlib
 import inspect
+import io
 import json
 import os
 import socket
@@ -348,3 +350,29 @@ def forget_final_weights(run_dir: Path) -> None:
         return
     if isinstance(stats, dict) and stats.pop("final_weights", None) is not None:
         write_atomic(stats_file, json.dumps(stats, indent=2) + "\n")
+
+
+def drop_undone_metrics(run_dir: Path, step: int) -> None:
+    """The rows of the earlier segments' metrics.csv (logs/version_N/) at update ``step`` (the
+    resumed checkpoint's) or later. A segment stopped after its last checkpoint logged the
+    updates it took since; the resumed run takes them again and logs them in its own version,
+    so that the versions together held two rows for such an update (under a time budget's
+    cosine, with other learning rates): learning curves drawn from them doubled back. A new
+    run (``step`` 0) drops every row of the starts before it that left no checkpoint. A row's
+    step is the updates taken before it (a validation's, before the next update): rows below
+    ``step`` stay."""
+    for path in sorted((run_dir / "logs").glob("version_*/metrics.csv")):
+        try:
+            rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8"))))
+        except (OSError, UnicodeDecodeError, csv.Error):  # unreadable: left as it is
+            continue
+        column = rows[0].index("step") if rows and "step" in rows[0] else None
+        if column is None:
+            continue
+        kept = [row for row in rows[1:] if not (len(row) > column and row[column].isdecimal()
+                                                and int(row[column]) >= step)]
+        if len(kept) < len(rows) - 1:
+            text = io.StringIO()
+            csv.writer(text).writerows([rows[0], *kept])  # \r\n, as Lightning writes
+            write_atomic(path, text.getvalue())
+

@@ -55,6 +55,7 @@ from nmt.resume import (
     check_resumable,
     check_training_data,
     check_vocabulary,
+    drop_undone_metrics,
     epochs_past,
     forget_final_weights,
     load_mapped,
@@ -508,6 +509,9 @@ def train_into(config: Config, run_dir: Path) -> None:
         if note is not None:  # pairs left out: say so, once
             print(note, flush=True)
         forget_final_weights(run_dir)
+        # a new run's directory holds the logs of earlier starts only if they left no checkpoint
+        drop_undone_metrics(run_dir, 0 if resume_from is None else
+                            load_mapped(resume_from)["global_step"])
     try:
         fit(trainer, module, datamodule, resume_from)
         finish_run(config, run_dir, trainer, module)

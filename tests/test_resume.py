@@ -740,3 +740,33 @@ def test_resume_with_fewer_epochs_than_trained_trains_nothing_and_says_so(tmp_pa
     assert "past --max-epochs 1: raise it to train on" in out
     assert "Traceback" not in err and "error" not in err
     assert (run / "train_stats.json").read_text() == stats  # its final weights still chosen
+
+
+def test_a_resumed_run_logs_each_update_once(corpus, tmp_path, monkeypatch):
+    """A run interrupted after its checkpoint logged the updates it took since; the resumed run
+    takes and logs them again in its own version. The earlier version's rows of those updates
+    are dropped, as are those of a start that left no checkpoint: the versions together hold
+    each update's training row once, and every validation's once."""
+    from nmt.training import TranslationModule
+
+    start = TranslationModule.on_train_batch_start
+
+    def interrupted_at_the_sixth_batch(self, batch, batch_idx):
+        if self.current_epoch == 1 and batch_idx == 1:  # 4 batches an epoch
+            raise KeyboardInterrupt
+        return start(self, batch, batch_idx)
+
+    monkeypatch.setattr(TranslationModule, "on_train_batch_start", interrupted_at_the_sixth_batch)
+    # a start stopped before its first checkpoint: the next start is a new run
+    assert main(args(corpus, tmp_path, "trainer.val_check_interval=7")) == 130
+    assert not (tmp_path / "last.ckpt").exists()
+    assert main(args(corpus, tmp_path, "trainer.val_check_interval=3")) == 130
+    monkeypatch.undo()
+    assert checkpoint(tmp_path)["global_step"] == 3
+    assert main(args(corpus, tmp_path, "trainer.val_check_interval=3")) == 0
+    rows = [row for path in sorted((tmp_path / "logs").glob("version_*/metrics.csv"))
+            for row in csv.DictReader(path.open(newline=""))]
+    trained = [int(row["step"]) for row in rows if row.get("train_loss")]
+    validated = [int(row["step"]) for row in rows if row.get("val_loss")]
+    assert trained == list(range(8)), trained
+    assert validated == [2, 5, 7], validated
