@@ -16,11 +16,7 @@ import datetime
 import json
 import math
 import shutil
-import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
@@ -432,50 +428,9 @@ def train(config: Config) -> Path:
     run_dir = run_dir_of(config)
     if run_dir.exists() and not run_dir.is_dir():
         raise NMTError(f"--run-dir {run_dir} is a file; name a folder")
-    with run_lock(run_dir), sigterm_as_error(run_dir):
+    with run_lock(run_dir):
         train_into(config, run_dir)
     return run_dir
-
-
-@contextmanager
-def sigterm_as_error(run_dir: Path) -> Iterator[None]:
-    """SIGTERM outside ``trainer.fit`` (preparing the corpus, starting up, choosing the final
-    weights) ends the command as inside it (``fit``): one line, exit status 1, once the blocks
-    it interrupts have cleaned up. Its default action killed the process on the spot, with
-    status 143 and no word, leaving the half-prepared corpus folder (gigabytes for a large
-    corpus, never removed) and the run directory made for the start. A handler the process
-    already has (a ``compare`` worker's), or SIGTERM ignored, is left alone."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def stop(signum: int, frame) -> None:
-        again = ("resumes the run from its last checkpoint" if (run_dir / "last.ckpt").is_file()
-                 else "starts the run again")
-        raise NMTError(f"stopped by SIGTERM: the same command {again}")
-
-    stop.stops_the_start = True  # for sigterm_left_to_lightning
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-@contextmanager
-def sigterm_left_to_lightning() -> Iterator[None]:
-    """``sigterm_as_error``'s handler off while the block runs (``trainer.fit``), back after:
-    Lightning's handler stops the run at the next batch, but calls the handler it finds first,
-    which would stop it in the middle of a step."""
-    ours = getattr(signal.getsignal(signal.SIGTERM), "stops_the_start", False)
-    if ours:
-        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        if ours:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def train_into(config: Config, run_dir: Path) -> None:
@@ -608,8 +563,7 @@ def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDa
     SIGTERM (a scheduler's pre-emption, ``kill``) with a bare SystemExit, i.e. exit status 0 as
     if it had finished, and one stopped by Ctrl-C with exit status 1."""
     try:
-        with sigterm_left_to_lightning():
-            trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     except SystemExit as stop:
         if not trainer.interrupted:
             raise

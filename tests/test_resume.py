@@ -693,39 +693,6 @@ def test_the_other_ranks_of_every_launcher_run_without_the_lock(tmp_path, monkey
         holder.wait()
 
 
-SLOW_PREPARE = """
-import sys, time
-import nmt.data.prepare as prepare
-build = prepare._build
-def slow_build(cfg, sources, folder):
-    print("building", file=sys.stderr, flush=True)
-    time.sleep(60)
-    return build(cfg, sources, folder)
-prepare._build = slow_build
-from nmt.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def test_sigterm_while_preparing_the_corpus_says_so_and_leaves_nothing(tmp_path):
-    """SIGTERM before training (here while the corpus is prepared) ends the command as inside
-    training, in one line with status 1: it killed the process with status 143 and no word,
-    leaving the half-prepared corpus folder, and the run directory made for the start."""
-    files = write_corpus(tmp_path)
-    command = tiny_train_args(files, tmp_path / "run", tmp_path / "data")
-    process = subprocess.Popen([sys.executable, "-c", SLOW_PREPARE, *command], cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    for line in process.stderr:
-        if line == "building\n":
-            break
-    process.send_signal(signal.SIGTERM)
-    _, err = process.communicate(timeout=300)
-    assert process.returncode == 1, err[-2000:]
-    assert err.splitlines()[-1] == "error: stopped by SIGTERM: the same command starts the run again"
-    assert list((tmp_path / "data" / "prepared").iterdir()) == []  # no temporary folder left
-    assert not (tmp_path / "run").exists()
-
-
 def test_resume_with_fewer_epochs_than_trained_trains_nothing_and_says_so(tmp_path, capsys):
     """--max-epochs lowered below the epochs a run has ended: nothing to train, said in one
     line, as for a spent time budget. Lightning refused the checkpoint with a traceback."""
