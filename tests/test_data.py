@@ -10,6 +10,8 @@ import os
 import random
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,8 +20,9 @@ import pytest
 
 from nmt.cli import main
 from nmt.config import DataConfig, load_config
+from nmt.data import prepare as prepare_module
 from nmt.data.batching import PairDataset, TokenBatchSampler, collate
-from nmt.data.corpus import load_corpus, read_pairs
+from nmt.data.corpus import load_corpus, read_pairs, split_sources
 from nmt.data.module import TranslationDataModule, prepare_data, split_dataset
 from nmt.data.prepare import check_prepared_text, load_side, prepare, sample_pairs
 from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
@@ -164,6 +167,26 @@ def test_joint_tokenizer_round_trip_and_cache(tmp_path):
     cfg.src_lang, cfg.tgt_lang = cfg.tgt_lang, cfg.src_lang
     cfg.train_files, cfg.val_files = files["train"][::-1], files["val"][::-1]
     assert prepare(cfg) == data.folder
+
+
+def test_a_build_killed_part_of_the_way_is_removed_by_the_next(tmp_path):
+    """A preparation killed (SIGKILL, the OOM killer, SIGTERM) left its half-built folder,
+    gigabytes for a large corpus, which nothing removed. The next preparation removes those of
+    this host's processes that are gone, and leaves a running one's (or another host's)."""
+    files = write_corpus(tmp_path)
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), train_files=files["train"],
+                     val_files=files["val"], vocab_size=120)
+    folder = prepare_module.prepared_dir(cfg, split_sources(cfg))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    prefix = prepare_module._build_prefix(folder)
+    abandoned, running, other_host = (folder.with_name(name) for name in (
+        f"{prefix}{dead.pid}", f"{prefix}{os.getppid()}", f"{folder.name}.tmp-elsewhere-{dead.pid}"))
+    for path in (abandoned, running, other_host):
+        (path / "spm.model").parent.mkdir(parents=True)
+        (path / "spm.model").write_text("half")
+    prepare(cfg)
+    assert not abandoned.exists() and running.is_dir() and other_host.is_dir()
 
 
 def _local_layout(folder, files) -> DataConfig:

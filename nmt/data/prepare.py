@@ -22,10 +22,12 @@ validation pairs; in the training split it goes unseen.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 from contextlib import suppress
@@ -80,7 +82,8 @@ def prepare(cfg: DataConfig) -> Path:
     if int(os.environ.get("LOCAL_RANK", "0")) > 0:
         return _wait_for(folder)
     print(f"preparing {folder} ...", file=sys.stderr, flush=True)
-    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    remove_abandoned_builds(folder)
+    tmp = folder.with_name(f"{_build_prefix(folder)}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     _failed(folder).unlink(missing_ok=True)
@@ -106,6 +109,34 @@ def prepare(cfg: DataConfig) -> Path:
 def _failed(folder: Path) -> Path:
     """Where local rank 0 leaves its error when it could not prepare ``folder``."""
     return folder.with_name(f"{folder.name}.failed")
+
+
+def _build_prefix(folder: Path) -> str:
+    """The name of a folder ``folder`` is built in, but for the building process's id: the
+    host's name in it, as the folder may be on a file system other hosts build in too."""
+    return f"{folder.name}.tmp-{socket.gethostname()}-"
+
+
+def remove_abandoned_builds(folder: Path) -> None:
+    """The folders in which processes of this host that are gone built ``folder``: one killed
+    there (SIGKILL, the out-of-memory killer, SIGTERM) left a half-built folder, gigabytes for
+    a large corpus, that nothing else would remove."""
+    prefix = _build_prefix(folder)
+    for path in folder.parent.glob(glob.escape(prefix) + "*"):
+        pid = path.name[len(prefix):]
+        if pid.isdecimal() and not process_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of this id runs on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)  # no signal sent: only whether it could be
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _wait_for(folder: Path) -> Path:
