@@ -312,6 +312,8 @@ def trial_options(cfg: CompareConfig, preset: str, cell: Cell, key: str,
                   extra: list[str]) -> list[str]:
     """The command line's options ``extra`` where they make the cell (of ``key``) another than
     the preset's own, a trial; none where they change nothing (e.g. the preset's own epochs)."""
+    if not extra:  # the preset's own: no second resolution of its configuration
+        return []
     return [] if key == preset_key(cfg, preset, cell) else list(extra)
 
 

@@ -366,13 +366,12 @@ def drop_undone_metrics(run_dir: Path, step: int) -> None:
             rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8"))))
         except (OSError, UnicodeDecodeError, csv.Error):  # unreadable: left as it is
             continue
-        column = rows[0].index("step") if rows and "step" in rows[0] else None
-        if column is None:
+        if not rows or "step" not in rows[0]:  # not Lightning's CSV: left as it is
             continue
+        column = rows[0].index("step")
         kept = [row for row in rows[1:] if not (len(row) > column and row[column].isdecimal()
                                                 and int(row[column]) >= step)]
         if len(kept) < len(rows) - 1:
             text = io.StringIO()
             csv.writer(text).writerows([rows[0], *kept])  # \r\n, as Lightning writes
             write_atomic(path, text.getvalue())
-

@@ -134,8 +134,8 @@ def process_alive(pid: int) -> bool:
         os.kill(pid, 0)  # no signal sent: only whether it could be
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's
+        pass
     return True
 
 
