@@ -340,16 +340,12 @@ def refuse_to_overwrite(run_dir: Path) -> None:
                        "another --run-dir")
 
 
-def forget_final_weights(run_dir: Path) -> None:
-    """Drop a resumed run's earlier choice of weights from train_stats.json: until it ends and
-    chooses again, translation takes best.ckpt (steps/ and averaged.ckpt may be stale)."""
-    stats_file = run_dir / "train_stats.json"
-    try:
-        stats = json.loads(stats_file.read_text())
-    except (OSError, ValueError):  # none yet, or unreadable: rewritten at the end
-        return
-    if isinstance(stats, dict) and stats.pop("final_weights", None) is not None:
-        write_atomic(stats_file, json.dumps(stats, indent=2) + "\n")
+def forget_finished(run_dir: Path) -> None:
+    """Remove a resumed run's train_stats.json: it is rewritten when the run ends again, with
+    every segment's totals (kept in last.ckpt). Until then its figures are of the earlier end
+    (steps, best score, the weights chosen, for which translation takes best.ckpt meanwhile),
+    and ``nmt compare`` reads the file as the run finished."""
+    (run_dir / "train_stats.json").unlink(missing_ok=True)
 
 
 def drop_undone_metrics(run_dir: Path, step: int) -> None:

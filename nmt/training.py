@@ -53,7 +53,7 @@ from nmt.resume import (
     check_vocabulary,
     drop_undone_metrics,
     epochs_past,
-    forget_final_weights,
+    forget_finished,
     load_mapped,
     out_of_patience,
     record_training_data,
@@ -463,7 +463,7 @@ def train_into(config: Config, run_dir: Path) -> None:
         note = training_pairs_note(data, config.data.max_len)
         if note is not None:  # pairs left out: say so, once
             print(note, flush=True)
-        forget_final_weights(run_dir)
+        forget_finished(run_dir)
         # a new run's directory holds the logs of earlier starts only if they left no checkpoint
         drop_undone_metrics(run_dir, 0 if resume_from is None else
                             load_mapped(resume_from)["global_step"])

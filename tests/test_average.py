@@ -13,7 +13,7 @@ import torch
 from nmt.average import average_run, final_weights, step_checkpoints
 from nmt.cli import main
 from nmt.errors import NMTError
-from nmt.resume import forget_final_weights
+from nmt.resume import forget_finished
 from nmt.translator import find_checkpoint
 
 from .conftest import tiny_train_args, write_corpus
@@ -157,9 +157,9 @@ def test_translation_takes_the_weights_training_chose_unless_told(tmp_path, caps
     assert capsys.readouterr().err == (f"warning: {tmp_path / 'averaged.ckpt'}, the weights "
                                        "training chose, is gone: using best.ckpt\n")
     (tmp_path / "averaged.ckpt").write_bytes(b"")
-    forget_final_weights(tmp_path)  # what resuming the run does first: no choice until it ends
+    forget_finished(tmp_path)  # what resuming the run does first: no choice until it ends
     assert find_checkpoint(tmp_path) == tmp_path / "best.ckpt"
-    assert "final_weights" not in json.loads(stats.read_text())
+    assert not stats.exists()
 
 
 def test_weights_from_here_are_never_the_runs_file_of_that_name(tmp_path, monkeypatch):

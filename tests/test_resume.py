@@ -236,6 +236,31 @@ def test_a_run_stopped_by_a_signal_says_so_and_fails(corpus, tmp_path, signal_nu
     assert not (tmp_path / "train_stats.json").exists()  # not finished
 
 
+def test_a_finished_run_trained_on_and_interrupted_is_not_finished(corpus, straight_dir, tmp_path,
+                                                                    monkeypatch):
+    """A finished run resumed with more epochs and stopped before it ends has no train_stats.json:
+    its figures were of the earlier end (steps, best score, weights chosen), and ``nmt compare``
+    takes the file as the run finished, so it recorded the cell from the unfinished run."""
+    from nmt.training import TranslationModule
+
+    run = tmp_path / "run"
+    shutil.copytree(straight_dir, run)
+    assert json.loads((run / "train_stats.json").read_text())["steps"] == 8
+    start = TranslationModule.on_train_batch_start
+
+    def interrupted_in_the_third_epoch(self, batch, batch_idx):
+        if self.current_epoch == 2 and batch_idx == 1:
+            raise KeyboardInterrupt
+        return start(self, batch, batch_idx)
+
+    monkeypatch.setattr(TranslationModule, "on_train_batch_start", interrupted_in_the_third_epoch)
+    assert main(args(corpus, run, "trainer.max_epochs=3")) == 130
+    monkeypatch.undo()
+    assert not (run / "train_stats.json").exists()
+    assert main(args(corpus, run, "trainer.max_epochs=3")) == 0
+    assert json.loads((run / "train_stats.json").read_text())["steps"] == 12
+
+
 def test_resume_with_a_trajectory_option_changed_is_an_error(corpus, tmp_path, capsys):
     assert main(args(corpus, tmp_path, "trainer.max_steps=1")) == 0
     for change, key in [(["--seed", "4"], "seed"), (["optim.lr=0.002"], "optim.lr"),
