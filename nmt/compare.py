@@ -31,7 +31,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.config import ADDED_SINCE, load_config, read_yaml, to_dict
+from nmt.config import ADDED_SINCE, load_config, overrides_layer, read_yaml, to_dict
 from nmt.errors import NMTError
 
 
@@ -322,6 +322,13 @@ def preset_key(cfg: CompareConfig, preset: str, cell: Cell) -> str:
     return cell_key(cfg.families[cell.family], cell_overrides(cfg, preset, cell, []))[0]
 
 
+def same_options(these: list[str], those: list[str]) -> bool:
+    """Whether two lists of ``key=value`` options set the same values: in another order, or one
+    layered over another to the same end (``seed=3 seed=4`` is ``seed=4``)."""
+    return OmegaConf.to_container(overrides_layer(these)) == \
+        OmegaConf.to_container(overrides_layer(those))
+
+
 def check_replaceable(cfg: CompareConfig, preset: str, cell: Cell, record: dict,
                       record_dir: Path, trial: list[str]) -> None:
     """A record of other options is replaced where the preset changed (what a study's
@@ -338,7 +345,7 @@ def check_replaceable(cfg: CompareConfig, preset: str, cell: Cell, record: dict,
         recorded = []  # a record from before records named their trial: the preset's own
     else:
         recorded = trial  # ... or of options unknown: replaced, as then
-    if recorded != trial:
+    if not same_options(recorded, trial):
         made, now = (" ".join(options) or "the preset's options alone" for options in (recorded, trial))
         raise NMTError(f"{record_dir} holds a record of this cell made with {made}, which this "
                        f"run with {now} would replace: give another --out for a trial")

@@ -220,6 +220,25 @@ def test_a_trials_record_is_not_replaced_by_another_trial_or_by_the_preset(study
     assert not (tmp_path / "runs").exists()  # refused before anything trained
 
 
+@pytest.mark.parametrize("recorded,now,same", [
+    (["optim.lr=0.002", "seed=3"], ["seed=3", "optim.lr=0.002"], True),  # another order
+    (["optim.betas=[0.8,0.9]", "optim.betas.1=0.95"], ["optim.betas=[0.8,0.95]"], True),
+    (["optim.lr=0.002", "seed=3"], ["optim.lr=0.002"], False),
+    (["seed=3", "seed=4"], ["seed=3"], False),  # the last of an option's values counts
+])
+def test_a_trial_is_its_options_not_their_order(recorded, now, same):
+    """The same options in another order (or layered otherwise to the same values) are the
+    same trial, whose record a run with them may replace: it was refused as another trial."""
+    from nmt.compare import check_replaceable
+
+    record = {"key": "0123456789ab", "trial": recorded}
+    if same:
+        check_replaceable(None, "a", None, record, Path("cells/x"), now)
+    else:
+        with pytest.raises(NMTError, match="holds a record of this cell made with"):
+            check_replaceable(None, "a", None, record, Path("cells/x"), now)
+
+
 def test_a_record_is_not_replaced_by_another_presets_cell_or_a_trial(study, tmp_path, capsys):
     """Records are named by cell, not key: preset b's rnn_additive_seed1 in a's --out, or a run
     with an option given on the command line, replaced the study's record without a word."""
