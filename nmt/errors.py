@@ -5,6 +5,16 @@ class NMTError(Exception):
     """A user-facing error: bad input, missing files, unknown names. No traceback is shown."""
 
 
+class Stopped(KeyboardInterrupt):
+    """A signal other than Ctrl-C's (SIGTERM, SIGHUP) raised as an interrupt, so that what is
+    half-written is cleaned up as for Ctrl-C; the command then exits 128 + its number, as the
+    signal's default would (a shell's or scheduler's reading of the status)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def first_line(err: BaseException) -> str:
     """What a one-line message quotes of a library's exception: its message's first line, or
     its type's name where it has none."""

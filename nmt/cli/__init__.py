@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import signal
 import sys
 
 from nmt.allocator import keep_freed_memory
@@ -19,7 +20,7 @@ from nmt.cli.bench import add_bench
 from nmt.cli.decoding import add_average, add_decoding, add_export, add_serve
 from nmt.cli.options import HelpFormatter, dotted_overrides, named_overrides
 from nmt.cli.training import add_compare, add_prepare, add_train
-from nmt.errors import NMTError
+from nmt.errors import NMTError, Stopped
 
 
 class Parser(argparse.ArgumentParser):
@@ -89,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{err.filename}: " if err.filename else ""
         print(f"error: {where}{err.strerror or err}", file=sys.stderr)
         return 1
+    except Stopped as stop:
+        print(f"stopped by {signal.Signals(stop.signum).name}", file=sys.stderr)
+        return 128 + stop.signum
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

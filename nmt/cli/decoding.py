@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from nmt.cli.options import positive_int
 from nmt.config import DECODING_PRECISIONS
-from nmt.errors import NMTError
+from nmt.errors import NMTError, Stopped
 from nmt.files import GZIP_ERRORS, atomic_path, open_bytes
 
 # Lines translated together: the translator sorts them by length into batches, so larger
@@ -179,11 +179,13 @@ def own_stream(path: str) -> str | None:
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP (its terminal closed) raise KeyboardInterrupt, as Ctrl-C does,
+    """SIGTERM and SIGHUP (its terminal closed) raise ``Stopped``, an interrupt as Ctrl-C's,
     while the block runs: blocks that write (``atomic_path``) then remove their temporary
     files. A signal the process ignores (``nohup``) stays ignored."""
-    previous = {sig: signal.signal(sig, signal.default_int_handler)
-                for sig in (signal.SIGTERM, signal.SIGHUP)
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)
                 if signal.getsignal(sig) is not signal.SIG_IGN}  # nohup's: outlive the terminal
     try:
         yield
