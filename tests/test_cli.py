@@ -442,6 +442,11 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     assert score_corpus(["a dog runs .", "two cats ."], ref)["bleu"] == 100.0
     with open(tmp_path / "src", "rb") as stream:  # translate's input
         assert list(input_chunks(stream, 10)) == [["ein Hund läuft .", "zwei Katzen ."]]
+    # One \r before the \n is a Windows line end, dropped; another is the line's own, as in
+    # training's files (where it is an error), not a second line end to drop silently
+    (tmp_path / "src").write_bytes(b"haus\r\nhund\r\r\n\r\n")
+    with open(tmp_path / "src", "rb") as stream:
+        assert list(input_chunks(stream, 10)) == [["haus", "hund\r", ""]]
 
 
 def test_input_may_be_a_pipe(tmp_path):

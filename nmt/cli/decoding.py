@@ -119,7 +119,7 @@ def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[l
             if number == 1:  # a byte-order mark is not text
                 raw = raw.removeprefix(codecs.BOM_UTF8)
             try:
-                chunk.append(raw.removesuffix(b"\n").decode("utf-8").rstrip("\r"))
+                chunk.append(raw.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8"))
             except UnicodeDecodeError as err:
                 raise NMTError(f"{name}, line {number}: not valid UTF-8 "
                                f"(byte {err.start} of the line)") from None
