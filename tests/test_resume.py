@@ -718,6 +718,26 @@ def test_the_other_ranks_of_every_launcher_run_without_the_lock(tmp_path, monkey
         holder.wait()
 
 
+@pytest.mark.parametrize("environment, mpi", [
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, True),  # mpirun's second
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, True),  # ... and its first
+    ({"PMI_RANK": "1"}, True),  # MPICH's
+    ({"SLURM_PROCID": "1"}, False),
+])
+def test_processes_of_a_launcher_lightning_does_not_see_are_refused(corpus, tmp_path, monkeypatch,
+                                                                   capsys, environment, mpi):
+    """mpirun without mpi4py: Lightning saw one process in each, and each trained the whole run
+    into the same directory, the second past the lock it leaves to a run's first process."""
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert main(args(corpus, tmp_path / "run")) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: this process is one of several a launcher started (") \
+        and err.count("\n") == 1, err
+    assert ("pip install mpi4py" in err) == mpi
+    assert not (tmp_path / "run").exists()
+
+
 def test_resume_with_fewer_epochs_than_trained_trains_nothing_and_says_so(tmp_path, capsys):
     """--max-epochs lowered below the epochs a run has ended: nothing to train, said in one
     line, as for a spent time budget. Lightning refused the checkpoint with a traceback."""
