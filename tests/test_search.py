@@ -291,7 +291,9 @@ def test_hypothesis_log_prob_is_the_models_and_score_divides_it_by_the_penalty(f
 def reference_beam_search(model, src, src_mask, k, alpha, max_len_ratio, nbest, margin=None):
     """The plainest beam search for one sentence (1, S): K beams over full vocabularies, the
     best 2K candidates per step, the first K hypotheses to end kept; no shortcuts. With a
-    margin, the beams more than it below the best continuing one are dropped."""
+    margin, the beams more than it below the best continuing one are dropped. A candidate of
+    an empty beam (-inf) that ends in EOS is no hypothesis: with K near the vocabulary's size
+    the best K candidates hold such ones."""
     encoded = model.encode(src, src_mask)
     state = select_rows(model.init_state(encoded), torch.zeros(k, dtype=torch.long))  # K rows
     max_len = int(max_output_lengths(src_mask, max_len_ratio, model.max_positions))
@@ -307,7 +309,7 @@ def reference_beam_search(model, src, src_mask, k, alpha, max_len_ratio, nbest, 
         candidates = [(int(i) // total.size(1), int(i) % total.size(1), float(s))
                       for s, i in zip(top, ids)]
         for beam, token, score in candidates[:k]:
-            if token == EOS and len(finished) < k:
+            if token == EOS and score > float("-inf") and len(finished) < k:
                 tokens = beams[beam][0]
                 finished.append(Hypothesis(tokens, score, length_penalty(len(tokens) + 1, alpha)))
         if len(finished) >= k:
@@ -412,10 +414,11 @@ def test_an_nbest_search_is_never_pruned(random_batch):
 def test_a_beam_as_wide_as_the_vocabulary_carries_no_ended_hypothesis_on(vocab):
     """With K >= the tokens a row can continue with (here UNK, 4 and EOS), a sentence has
     fewer than K candidates that did not end: those ending in EOS must not fill its beam
-    (they carried on with EOS inside their tokens)."""
+    (they carried on with EOS inside their tokens). The n-best list as long as the beam:
+    each entry a hypothesis that ended, none a candidate of an empty beam."""
     model = MarkovModel(vocab=vocab, seed=0)
     b = reversal_batch(random.Random(0), 8, max_len=10)
     b = SimpleNamespace(src=b.src % vocab, src_mask=b.src_mask)  # the model's first tokens
-    batched = beam_search(model, b.src, b.src_mask, beam_size=4, alpha=0.6, nbest=2)
-    assert all(EOS not in h.tokens for hyps in batched for h in hyps)
-    _assert_same_as_reference(model, b, batched, 0.6, 2)
+    batched = beam_search(model, b.src, b.src_mask, beam_size=4, alpha=0.6, nbest=4)
+    assert all(EOS not in h.tokens and math.isfinite(h.score) for hyps in batched for h in hyps)
+    _assert_same_as_reference(model, b, batched, 0.6, 4)
