@@ -1,9 +1,12 @@
 """Several trained models decoding as one (``nmt translate --ensemble``).
 
 At each step the ensemble's next-token distribution is the mean of its members'
-probabilities, as in fairseq's ``EnsembleModel`` and Marian:
+probabilities, as in fairseq's ``EnsembleModel``:
 
     log p(y | x, y<t) = log (1/M) sum_m p_m(y | x, y<t) = logsumexp_m(log p_m) - log M
+
+(Marian combines in log space instead: a weighted sum of the members' log-probabilities, a
+weighted product of their distributions, not renormalised: src/translator/beam_search.cpp.)
 
 Any members that share one SentencePiece model can be ensembled, an RNN with a Transformer
 too: the ensemble offers the ``Seq2Seq`` decoding interface (``nmt.models.base``) with each
