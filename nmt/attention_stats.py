@@ -170,7 +170,7 @@ def translation_attention(translator, line: str, translation, kind: str) -> tupl
         weights = translation.attention  # (T, S) for the RNN, (T, L, H, S) for the Transformer
         weights = weights[None, None] if weights.dim() == 2 else weights.permute(1, 2, 0, 3)
         return weights, translation.pieces + ["</s>"], translation.source
-    src_ids = translator.encode_lines([line])[0]
+    src_ids = translator.encode_lines([line], warn=False)[0]  # its truncation said when translated
     tgt_ids = [translator.tokenizer.sp.piece_to_id(p) for p in translation.pieces]
     weights = teacher_forced_weights(translator.model, src_ids, tgt_ids)
     if kind not in weights:

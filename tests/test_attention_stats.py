@@ -136,6 +136,20 @@ def test_self_attention_pictures_have_shape_and_labels(run, tmp_path, monkeypatc
         torch.testing.assert_close(weights.sum(-1), torch.ones(len(rows)))
 
 
+def test_a_truncated_lines_picture_warns_once(run, tmp_path, monkeypatch, capsys):
+    """The self-attention's teacher-forced pass encodes the line again: its truncation was said
+    twice."""
+    monkeypatch.setattr(plots, "save_attention_grid", lambda *args, **kwargs: None)
+    source = tmp_path / "in.txt"
+    limit = Translator.from_run_dir(run).max_positions
+    source.write_text("haus mann katze " * limit + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", str(run), "--input", str(source),
+                 "--plot-attention", str(tmp_path / "pics"), "--attention-kind", "encoder",
+                 "--beam", "1"]) == 0
+    assert capsys.readouterr().err.count("warning: line 1 has ") == 1
+
+
 def test_a_greedy_translation_is_the_same_with_its_attention(run):
     """Beam 1 is greedy search whether the attention is drawn or not (the web page asks for it,
     the API need not), so both give one translation with one score."""
