@@ -132,6 +132,26 @@ def epochs_past(checkpoint: dict, max_epochs: int) -> int | None:
     return epochs if 0 < max_epochs < epochs else None
 
 
+def budget_ended(run_dir: Path, checkpoint: dict, max_steps: int, max_epochs: int
+                 ) -> tuple[str, str] | None:
+    """The budget the run of ``checkpoint`` finished, ("--max-epochs", "2 epochs") or
+    ("--trainer.max_steps", "8 updates"), where the same or less is given again: its
+    train_stats.json is of that end, written at its last update. Else None. Such a run trained nothing again,
+    but logged an empty version and chose its weights anew."""
+    try:
+        stats = json.loads((run_dir / "train_stats.json").read_text())
+    except (OSError, ValueError):  # unfinished (resuming removes it), or unreadable
+        return None
+    if not isinstance(stats, dict) or stats.get("steps") != checkpoint["global_step"]:
+        return None
+    if 0 < max_steps <= stats["steps"]:
+        return "--trainer.max_steps", f"{stats['steps']:,} updates"
+    epochs = stats.get("epochs")
+    if isinstance(epochs, int | float) and 0 < max_epochs <= epochs:
+        return "--max-epochs", f"{epochs:g} epochs"
+    return None
+
+
 def time_spent(checkpoint: dict, budget: str | None) -> float | None:
     """The seconds the run of ``checkpoint`` has trained where they reach ``budget``
     (DD:HH:MM:SS, as Lightning's Timer takes it), else None: the Timer counts the training of

@@ -48,6 +48,7 @@ from nmt.metrics import bleu_from_statistics, bleu_statistics
 from nmt.models import build_model, check_model_config, model_option
 from nmt.provenance import code_commit, device_name
 from nmt.resume import (
+    budget_ended,
     check_resumable,
     check_training_data,
     check_vocabulary,
@@ -518,8 +519,9 @@ def finish_run(config: Config, run_dir: Path, trainer: L.Trainer, module: Transl
 
 def nothing_to_train(config: Config, last: Path) -> bool:
     """Whether the run of ``last`` has nothing left to train, out of the early stopping
-    patience given now (``out_of_patience``), past its epoch budget (``epochs_past``) or out
-    of its time budget (``time_spent``); if so, says why, once."""
+    patience given now (``out_of_patience``), past its epoch budget (``epochs_past``), at the
+    end of the step or epoch budget it finished (``budget_ended``) or out of its time budget
+    (``time_spent``); if so, says why, once."""
     checkpoint = load_mapped(last)
     t = config.trainer
     why = None
@@ -531,6 +533,9 @@ def nothing_to_train(config: Config, last: Path) -> bool:
         why = (f"the run has trained into epoch {epochs + 1} (to update "
                f"{checkpoint['global_step']:,}), past --max-epochs {t.max_epochs}: raise it to "
                "train on")
+    elif (ended := budget_ended(last.parent, checkpoint, t.max_steps, t.max_epochs)) is not None:
+        why = (f"the run has finished its {ended[0]} ({ended[1]}, to update "
+               f"{checkpoint['global_step']:,}): raise it to train on")
     elif (spent := time_spent(checkpoint, max_time(t.max_time))) is not None:
         why = (f"the run has trained for {datetime.timedelta(seconds=round(spent))} of its "
                f"--max-time {t.max_time} (every segment counts, validations too): raise it "

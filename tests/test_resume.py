@@ -754,6 +754,29 @@ def test_resume_with_fewer_epochs_than_trained_trains_nothing_and_says_so(tmp_pa
     assert (run / "train_stats.json").read_text() == stats  # its final weights still chosen
 
 
+def test_the_command_of_a_finished_run_again_trains_nothing_and_says_so(corpus, straight_dir,
+                                                                       tmp_path, capsys):
+    """A run finished by its epochs or steps, run again with the same budget: Lightning ended
+    at once, but a new logs/version_N was left empty, the weights chosen anew and the summary
+    printed as if it had trained. A budget raised trains on."""
+    run = tmp_path / "run"
+    shutil.copytree(straight_dir, run)
+    stats, logs = (run / "train_stats.json").read_text(), sorted((run / "logs").iterdir())
+    capsys.readouterr()
+    assert main(args(corpus, run)) == 0
+    assert "nothing to train: the run has finished its --max-epochs (2 epochs, to update 8): " \
+        "raise it to train on" in capsys.readouterr().out
+    assert (run / "train_stats.json").read_text() == stats
+    assert sorted((run / "logs").iterdir()) == logs
+    steps = tmp_path / "steps"
+    assert main(args(corpus, steps, "trainer.max_steps=3")) == 0
+    capsys.readouterr()
+    assert main(args(corpus, steps, "trainer.max_steps=3")) == 0
+    assert "the run has finished its --trainer.max_steps (3 updates, to update 3)" in capsys.readouterr().out
+    assert main(args(corpus, steps, "trainer.max_steps=5")) == 0
+    assert json.loads((steps / "train_stats.json").read_text())["steps"] == 5
+
+
 def test_a_resumed_run_logs_each_update_once(corpus, tmp_path, monkeypatch):
     """A run interrupted after its checkpoint logged the updates it took since; the resumed run
     takes and logs them again in its own version. The earlier version's rows of those updates
