@@ -22,6 +22,7 @@ validation pairs; in the training split it goes unseen.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import json
@@ -30,7 +31,8 @@ import shutil
 import socket
 import sys
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from itertools import chain
 from pathlib import Path
 
@@ -81,6 +83,44 @@ def prepare(cfg: DataConfig) -> Path:
         return folder
     if int(os.environ.get("LOCAL_RANK", "0")) > 0:
         return _wait_for(folder)
+    with one_build_at_a_time(folder):
+        if (folder / "meta.json").is_file():  # another process prepared it meanwhile
+            return folder
+        return _prepare_into(cfg, sources, folder)
+
+
+@contextmanager
+def one_build_at_a_time(folder: Path) -> Iterator[None]:
+    """Hold the kernel's lock (``flock``) on ``<folder>.lock`` beside ``folder``: processes
+    preparing the same folder at once (two trainings started together, ``compare --jobs``)
+    take turns, and the later ones find it built. Each built it whole before, side by side:
+    2 x 300,000 pairs took 45 s each instead of 15 s, with a GB of memory each. A file system
+    without locks (some network ones) prepares unguarded, as before.
+
+    The lock file is removed when done, so that ``prepared/`` holds only folders: a process
+    that then opens a new one may build beside one still holding the old one (after a failed
+    build), which is no worse than before, as a folder is renamed into place whole."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    path = folder.with_name(f"{folder.name}.lock")
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process preparing {folder} ...", file=sys.stderr,
+                  flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        try:
+            yield
+        finally:  # before the lock goes, with the file's closing
+            with suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino:  # not a newer one's
+                    path.unlink()
+
+
+def _prepare_into(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> Path:
+    """Build ``folder`` (``prepare``, by the process that holds its lock)."""
     print(f"preparing {folder} ...", file=sys.stderr, flush=True)
     remove_abandoned_builds(folder)
     tmp = folder.with_name(f"{_build_prefix(folder)}{os.getpid()}")
