@@ -70,17 +70,23 @@ def files_name(source: str, reference: str) -> str:
     return f"{Path(source).name}-{paths_hash([str(Path(p).resolve()) for p in (source, reference)])}"
 
 
-def evaluate_split(translator, run_dir: Path, split: str, beam: int | None = None,
-                   alpha: float | None = None, files: tuple[str, str] | None = None
-                   ) -> tuple[list[str], dict]:
-    """Hypotheses and sacreBLEU scores of ``split`` of the run's corpus, or of ``files`` (a
-    source file and its references), decoded with ``beam`` and ``alpha`` (default: the
-    run's). The scores record the decoding: split or files, beam, alpha and engine, and for the
-    torch engine its precision, prune margin and weights file (see ``weights_name``)."""
-    if files:
-        sources, references = file_pairs(*files)
-    else:
-        sources, references = split_pairs(translator.config.data, split)
+def evaluation_pairs(data: DataConfig, split: str, files: tuple[str, str] | None = None
+                     ) -> tuple[list[str], list[str]]:
+    """What ``evaluate`` scores: the lines of ``files`` (a source file and its references), else
+    of ``split`` of the corpus ``data`` configures. Read before the model is loaded and its
+    precision probed, so that a split the corpus lacks or a bad file is an error at once."""
+    return file_pairs(*files) if files else split_pairs(data, split)
+
+
+def evaluate_split(translator, run_dir: Path, split: str, pairs: tuple[list[str], list[str]],
+                   beam: int | None = None, alpha: float | None = None,
+                   files: tuple[str, str] | None = None) -> tuple[list[str], dict]:
+    """Hypotheses and sacreBLEU scores of ``pairs`` (sources, references: ``evaluation_pairs``
+    of ``split`` of the run's corpus, or of ``files``), decoded with ``beam`` and ``alpha``
+    (default: the run's). The scores record the decoding: split or files, beam, alpha and
+    engine, and for the torch engine its precision, prune margin and weights file (see
+    ``weights_name``)."""
+    sources, references = pairs
     beam, alpha = decoding_options(translator.config.decoding, beam, 1, alpha, len(translator.tokenizer))
     hyps = best_translations(translator, sources, beam, alpha)
     scores = score_corpus(hyps, references)

@@ -27,6 +27,7 @@ import sacrebleu
 import torch
 import yaml
 
+import nmt.engines
 import nmt.trainer
 import nmt.translator
 from nmt.cli import main, parser
@@ -224,6 +225,24 @@ def test_evaluate_writes_scores(corpus, run, capsys):
     assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score, abs=0.006)
     assert scores["prune_margin"] == 3.0  # the decoding config's default
     assert scores["alpha"] == yaml.safe_load((run / "config.yaml").read_text())["decoding"]["alpha"]
+
+
+def test_evaluate_says_what_it_cannot_score_before_loading_the_model(run, tmp_path, monkeypatch,
+                                                                     capsys):
+    """A split the corpus lacks (evaluate's default, test, of a run trained on named files
+    without data.test_files) or a missing --files file was an error only after the model was
+    loaded and --precision auto had timed bf16 against fp32 (seconds, minutes for a large
+    model on a CPU). The text is read first now."""
+    def load_translator(*args, **kwargs):
+        raise AssertionError("the model was loaded before the text was read")
+
+    monkeypatch.setattr(nmt.engines, "load_translator", load_translator)
+    for options, message in ((["--split", "dev"], "split 'dev' not in the corpus"),
+                             (["--files", str(tmp_path / "nope.de"), str(tmp_path / "nope.en")],
+                              "--files: no such file")):
+        assert main(["evaluate", "--checkpoint", str(run), *options]) == 1
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
 
 
 def test_evaluate_on_files_of_ones_own(corpus, run, tmp_path, capsys):

@@ -294,14 +294,26 @@ def check_plot_options(translator, args: argparse.Namespace) -> None:
                        f"input ({earlier[0]}, ...): name a new folder, or empty this one")
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from nmt.evaluate import eval_file_stem, evaluate_split, files_name, margin_name, write_evaluation
+    from nmt.config import run_config
+    from nmt.evaluate import (
+        eval_file_stem,
+        evaluate_split,
+        evaluation_pairs,
+        files_name,
+        margin_name,
+        write_evaluation,
+    )
 
     if args.split and args.files:
         raise NMTError("--split and --files both name what to score: give one")
-    translator = open_translator(args)
     run_dir = Path(args.checkpoint)
     split = args.split or "test"
-    hyps, scores = evaluate_split(translator, run_dir, split, args.beam, args.alpha, args.files)
+    # Before the model and the precision probe: a run trained on named files without
+    # data.test_files said it has no test split after seconds of probing
+    pairs = evaluation_pairs(run_config(run_dir).data, split, args.files)
+    translator = open_translator(args)
+    hyps, scores = evaluate_split(translator, run_dir, split, pairs, args.beam, args.alpha,
+                                  args.files)
     margin = margin_name(translator.config.decoding.prune_margin) if args.prune_margin else None
     weights = scores.get("weights") if args.weights else None  # inside the run: relative
     name = files_name(*args.files) if args.files else split
