@@ -17,6 +17,27 @@ from nmt.errors import NMTError
 GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
 
 
+# How files that are not UTF-8 text begin, for an error that says what the file is: a corpus
+# downloaded compressed (WMT's and OPUS's come as .xz, .bz2, .zst or .gz) or saved as UTF-16
+# (Windows editors' "Unicode") was "line 1: not valid UTF-8 (byte 0 of the line)"
+SIGNATURES = {b"\x1f\x8b": "gzip-compressed", b"BZh": "bzip2-compressed",
+              b"\xfd7zXZ\x00": "xz-compressed", b"\x28\xb5\x2f\xfd": "zstd-compressed",
+              b"PK\x03\x04": "a zip archive", b"\xff\xfe": "UTF-16 text", b"\xfe\xff": "UTF-16 text"}
+
+
+def what_it_is(head: bytes) -> str:
+    """``"; it is xz-compressed: ..."``, what the first bytes of a file that is not UTF-8 say
+    it is and what to do, for its error message; ``""`` where they say nothing."""
+    kind = next((kind for sign, kind in SIGNATURES.items() if head.startswith(sign)), None)
+    if kind is None:
+        return ""
+    if kind.startswith("UTF-16"):
+        return f"; it is {kind}: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)"
+    if kind.startswith("gzip"):  # read as such by its name only
+        return f"; it is {kind}: give it a name ending in .gz to have it read, or decompress it"
+    return f"; it is {kind}, which is not read: decompress it, or gzip it (.gz files are read)"
+
+
 def open_bytes(path: str) -> BinaryIO:
     """A file for reading its bytes, ``.gz`` decompressed (reads may raise ``GZIP_ERRORS``)."""
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")

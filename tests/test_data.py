@@ -3,10 +3,12 @@ cached ids, and the token-budget sampler."""
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import random
 import re
@@ -21,6 +23,7 @@ import numpy as np
 import pytest
 
 from nmt.cli import main
+from nmt.cli.decoding import input_chunks
 from nmt.config import DataConfig, load_config
 from nmt.data import prepare as prepare_module
 from nmt.data.batching import PairDataset, TokenBatchSampler, collate
@@ -428,6 +431,26 @@ def test_invalid_utf8_past_the_first_chunk_names_its_byte_in_the_line(tmp_path, 
     (tmp_path / "b").write_bytes(b"x\n" * 41)
     with pytest.raises(NMTError, match=re.escape("line 41: not valid UTF-8 (byte 3 of the line)")):
         _read_all(tmp_path / "a", tmp_path / "b")
+
+
+TEXT = "ein Hund läuft\nzwei Katzen\n"
+
+
+@pytest.mark.parametrize("name,content,what", [
+    ("train.de.xz", lzma.compress(TEXT.encode()), "it is xz-compressed, which is not read"),
+    ("train.de.bz2", bz2.compress(TEXT.encode()), "it is bzip2-compressed, which is not read"),
+    ("train.de", gzip.compress(TEXT.encode()), "it is gzip-compressed: give it a name ending in .gz"),
+    ("train.de", TEXT.encode("utf-16"), "it is UTF-16 text: convert it to UTF-8"),
+], ids=["xz", "bz2", "gzip without .gz", "utf-16"])
+def test_a_file_that_is_not_utf8_text_is_named_for_what_it_is(tmp_path, name, content, what):
+    """A corpus downloaded compressed (WMT's and OPUS's come as .xz, .bz2 or .gz) or saved as
+    UTF-16 was only "line 1: not valid UTF-8 (byte 0 of the line)"; translate's input too."""
+    (tmp_path / name).write_bytes(content)
+    (tmp_path / "train.en").write_text(TEXT)
+    with pytest.raises(NMTError, match=r"line 1: not valid UTF-8 \(byte \d+ of the line\); " + what):
+        _read_all(tmp_path / name, tmp_path / "train.en")
+    with pytest.raises(NMTError, match=r"^stdin, line 1: .*; " + what):
+        list(input_chunks(io.BytesIO(content), 10))
 
 
 def test_crlf_line_ends_and_counts(tmp_path):

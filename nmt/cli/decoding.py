@@ -17,7 +17,7 @@ from typing import BinaryIO
 from nmt.cli.options import positive_int
 from nmt.config import DECODING_PRECISIONS
 from nmt.errors import NMTError, Stopped
-from nmt.files import GZIP_ERRORS, atomic_path, open_bytes
+from nmt.files import GZIP_ERRORS, atomic_path, open_bytes, what_it_is
 
 # Lines translated together: the translator sorts them by length into batches, so larger
 # chunks waste less padding; smaller ones show output sooner (docs/performance.md).
@@ -121,8 +121,9 @@ def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[l
             try:
                 chunk.append(raw.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8"))
             except UnicodeDecodeError as err:
+                hint = what_it_is(raw) if number == 1 else ""
                 raise NMTError(f"{name}, line {number}: not valid UTF-8 "
-                               f"(byte {err.start} of the line)") from None
+                               f"(byte {err.start} of the line){hint}") from None
             if len(chunk) == size:
                 yield chunk
                 chunk = []

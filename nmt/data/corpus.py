@@ -28,7 +28,7 @@ import datasets
 
 from nmt.config import DataConfig
 from nmt.errors import NMTError, first_line
-from nmt.files import GZIP_ERRORS, open_bytes
+from nmt.files import GZIP_ERRORS, open_bytes, what_it_is
 
 SPLITS = ("train", "val", "test")
 # Local file stems of each split, first match wins (Multi30k names its test set by year).
@@ -212,7 +212,9 @@ def _decode_lines(path: str, data: bytes, done: int) -> list[str]:
     except UnicodeDecodeError as err:
         line = done + data.count(b"\n", 0, err.start) + 1
         column = err.start - (data.rfind(b"\n", 0, err.start) + 1)  # the chunk's offset: no use
-        raise NMTError(f"{path}, line {line}: not valid UTF-8 (byte {column} of the line)") from None
+        hint = what_it_is(data) if line == 1 else ""
+        raise NMTError(f"{path}, line {line}: not valid UTF-8 (byte {column} of the line){hint}"
+                       ) from None
     if found := _LINE_BREAK.search(text):
         line = done + text.count("\n", 0, found.start()) + 1
         raise NMTError(
