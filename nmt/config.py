@@ -8,6 +8,7 @@ depend on the family; the family's constructor checks them (see ``nmt.models``).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,7 +182,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         raise NMTError(f"bad config: {config_error(err)}") from None
     config.model = {key: _MODEL_FLAGS.get(value.lower(), value) if isinstance(value, str) else value
                     for key, value in config.model.items()}
+    expand_home(config)
     return config
+
+
+def expand_home(config: Config) -> None:
+    """``~`` (or ``~user``) at the start of the config's paths as the shell would expand it: a
+    YAML file, or a bracketed override (``data.train_files=[~/c/train.de,~/c/train.en]``, where
+    the shell expands nothing), that named ~/c/train.de looked for ./~/c/train.de, and
+    ``data_dir: ~/data`` prepared the corpus into a folder named ``~`` in the current one."""
+    d = config.data
+    for key in ("train_files", "val_files", "test_files"):
+        if getattr(d, key):
+            setattr(d, key, [os.path.expanduser(path) for path in getattr(d, key)])
+    d.data_dir = os.path.expanduser(d.data_dir)
+    if d.hub_dataset and d.hub_dataset.startswith("~"):  # a local folder; never a Hub name
+        d.hub_dataset = os.path.expanduser(d.hub_dataset)
+    if config.run_dir:
+        config.run_dir = os.path.expanduser(config.run_dir)
 
 
 def overrides_layer(overrides: list[str]) -> DictConfig:

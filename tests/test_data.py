@@ -704,6 +704,25 @@ def test_prepare_command_and_a_bad_line(tmp_path, capsys, monkeypatch):
     assert "Traceback" not in err
 
 
+def test_paths_from_the_home_folder_in_a_config(tmp_path, capsys, monkeypatch):
+    """A YAML config (or a bracketed override, where the shell expands nothing) naming
+    ~/corpus/train.de looked for ./~/corpus/train.de, and data_dir: ~/data prepared the corpus
+    into a new folder named ~ in the current one (which rm -rf ~ would then clear away...)."""
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    for folder in (home / "corpus", elsewhere):
+        folder.mkdir(parents=True)
+    write_corpus(home / "corpus")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(elsewhere)
+    (elsewhere / "c.yaml").write_text("data:\n  train_files: [~/corpus/train.src, ~/corpus/train.tgt]\n"
+                                      "  data_dir: ~/data\n  vocab_size: 100\n")
+    assert main(["prepare", "--config", "c.yaml", "data.val_files=[~/corpus/val.src,~/corpus/val.tgt]"]) == 0
+    folder = Path(capsys.readouterr().out.split("prepared corpus: ")[1].strip())
+    assert folder.parent == home / "data" / "prepared" and (folder / "meta.json").is_file()
+    assert list(elsewhere.iterdir()) == [elsewhere / "c.yaml"]
+    assert load_config("c.yaml", ["run_dir=~/runs/x"]).run_dir == str(home / "runs" / "x")
+
+
 def test_empty_training_corpus_is_a_clear_error(tmp_path):
     for name in ("c", "d"):
         (tmp_path / name).write_text("x\n")
