@@ -33,6 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nmt.config import ADDED_SINCE, load_config, overrides_layer, read_yaml, to_dict
 from nmt.errors import NMTError
+from nmt.memory import usable_cpus
 
 
 @dataclass
@@ -273,11 +274,9 @@ def _in_worker(fn, *args):
 
 
 def threads_per_worker(workers: int) -> int:
-    """An equal share of the CPUs this process may run on (a cpuset's: taskset, a container's
-    --cpuset-cpus; not a CPU quota, which affinity does not show), at least one: more threads
-    than CPUs slow every worker down."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cpus // workers)
+    """An equal share of the CPUs this process may run on (``usable_cpus``), at least one: more
+    threads than CPUs slow every worker down."""
+    return max(1, usable_cpus() // workers)
 
 
 def record_in_parallel(jobs: list[tuple], workers: int) -> None:

@@ -1,7 +1,9 @@
-"""This process's memory as the kernel counts it: resident now, and its peak so far."""
+"""This process's resources as the kernel counts them: memory resident now and its peak so far,
+and the CPUs it may run on."""
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 from pathlib import Path
@@ -46,3 +48,12 @@ def limit_data_growth(megabytes: float) -> None:
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: a cpuset's (taskset, Slurm, a container's
+    --cpuset-cpus), not the machine's (``os.cpu_count``: a job given 8 of 128 cores ran 128
+    threads on them); a CPU quota does not show. At least one."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1

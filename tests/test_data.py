@@ -839,3 +839,21 @@ def test_a_corpus_name_with_slashes_is_prepared_under_prepared(tmp_path, corpus)
     folder = prepared_dir(cfg, {})
     assert folder.parent == tmp_path / "data" / "prepared"
     assert folder.name.startswith(corpus.replace("/", "--") + ".de-en.")
+
+
+def test_encoding_threads_are_the_cpus_this_process_may_run_on(tmp_path, monkeypatch):
+    """A job given 1 of a machine's 64 cores (taskset, Slurm, a container's cpuset) encoded its
+    corpus with 64 threads on that core: os.cpu_count() counts the machine's."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    threads = []
+
+    class Pieces:  # a tokenizer that notes the threads it is given
+        def encode(self, lines, workers):
+            threads.append(workers)
+            return [[5] * len(line.split()) for line in lines]
+
+    chunks = [(["ein haus", "ein hund"], ["a house", "a dog"])]
+    stems = [tmp_path / "train.de", tmp_path / "train.en"]
+    assert prepare_module._encode_split(chunks, Pieces(), np.int16, stems)[0] == 2
+    assert threads == [1, 1]

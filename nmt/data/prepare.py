@@ -43,6 +43,7 @@ from nmt.data.batching import Ragged
 from nmt.data.corpus import Source, hub_name, read_pairs, source_identity, split_sources
 from nmt.data.tokenizer import Tokenizer, train_tokenizer
 from nmt.errors import NMTError, first_line
+from nmt.memory import usable_cpus
 
 FORMAT = 2  # bump when the layout or the tokenizer's training changes: old folders are then ignored
 SAMPLE_SEED = 0  # the tokenizer must not depend on the training seed (runs share it)
@@ -253,7 +254,7 @@ def _encode_split(chunks, tokenizer: Tokenizer, dtype, stems: list[Path]
                   ) -> tuple[int, list[str]]:
     """Encode (sources, targets) chunks into ``<stem>.ids`` and ``<stem>.lengths.npy``;
     returns the number of pairs and each side's ``lines_sha1``."""
-    threads = os.cpu_count() or 1
+    threads = usable_cpus()  # SentencePiece's encoding threads: no more than it may run on
     lengths: list[list[np.ndarray]] = [[], []]
     digests = [hashlib.sha1(), hashlib.sha1()]
     with open(f"{stems[0]}.ids", "wb") as src_file, open(f"{stems[1]}.ids", "wb") as tgt_file:
