@@ -692,8 +692,14 @@ def test_prepare_command_and_a_bad_line(tmp_path, capsys, monkeypatch):
     assert main([*argv, "--train-lines", "-5"]) == 1  # as train: no lines cut off the end
     assert "data.train_lines must be at least 1" in capsys.readouterr().err
     assert main(argv) == 0
-    folder = Path(capsys.readouterr().out.split("prepared corpus: ")[1].strip())
+    out, err = capsys.readouterr()
+    folder = Path(out.split("prepared corpus: ")[1].strip())
     assert folder.is_absolute()  # as nmt train names it (it printed data/prepared/...)
+    # Each stage is said as it ends: a large corpus was minutes of silence between the two lines
+    stages = [re.sub(r"\d+ s$", "N s", line) for line in err.splitlines()]
+    assert stages == [f"preparing {folder} ...", "  read and sample: N s", "  SentencePiece: N s",
+                      "  encode train (300 pairs): N s", "  encode val (40 pairs): N s",
+                      "prepared in N s"], err
     assert (folder / "meta.json").is_file() and (folder / "train.de.ids").is_file()
     lines = Path(files["val"][1]).read_text().split("\n")
     lines[2] = lines[2].replace(" ", "\u2028", 1)

@@ -128,8 +128,9 @@ def _prepare_into(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     _failed(folder).unlink(missing_ok=True)
+    started = time.perf_counter()
     try:
-        seconds = _build(cfg, sources, tmp)
+        _build(cfg, sources, tmp)
         tmp.rename(folder)  # a prepared folder is complete or absent, never half-written
     except Exception as err:
         if isinstance(err, OSError) and (folder / "meta.json").is_file():
@@ -141,9 +142,7 @@ def _prepare_into(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> 
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"prepared in {sum(seconds.values()):.0f} s (" +
-          ", ".join(f"{stage} {s:.0f} s" for stage, s in seconds.items()) + ")",
-          file=sys.stderr, flush=True)
+    print(f"prepared in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return folder
 
 
@@ -196,14 +195,15 @@ def _wait_for(folder: Path) -> Path:
     return folder
 
 
-def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> dict[str, float]:
-    """Prepare into ``folder``; returns the seconds each stage took."""
+def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> None:
+    """Prepare into ``folder``, saying each stage's seconds as it ends (a large corpus takes
+    minutes)."""
     clock = time.perf_counter()
-    seconds = {}
 
     def lap(stage: str) -> None:
         nonlocal clock
-        seconds[stage], clock = time.perf_counter() - clock, time.perf_counter()
+        print(f"  {stage}: {time.perf_counter() - clock:.0f} s", file=sys.stderr, flush=True)
+        clock = time.perf_counter()
 
     src, tgt = sample_pairs(sources["train"], cfg.spm_sample, cfg.train_lines)
     if not any(line.strip() for line in src + tgt):
@@ -221,11 +221,10 @@ def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> dict[st
         stems = [folder / f"{split}.{lang}" for lang in langs]
         pairs[split], digests = _encode_split(read_pairs(source, limit), tokenizer, dtype, stems)
         texts[split] = dict(zip(langs, digests))
-    lap("encode")
+        lap(f"encode {split} ({pairs[split]:,} pairs)")
     meta = {"format": FORMAT, "dtype": np.dtype(dtype).name, "pairs": pairs,
             "vocab_size": len(tokenizer), "text_sha1": texts}
     (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return seconds
 
 
 def sample_pairs(source: Source, size: int, limit: int | None) -> tuple[list[str], list[str]]:
