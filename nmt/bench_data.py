@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import random
+import tempfile
 import time
 from pathlib import Path
 
@@ -150,16 +151,19 @@ def bench_data(pairs: int, config_file: str, folder: Path, steps: int = 5, join:
     start = time.perf_counter()
     files = synthetic_corpus(folder / "corpus", pairs, join)
     generated = time.perf_counter() - start
-    config = load_config(config_file, [
-        f"data.train_files=[{','.join(files['train'])}]",
-        f"data.val_files=[{','.join(files['val'])}]",
-        f"data.data_dir={folder / 'data'}", "trainer.enable_progress_bar=false", *overrides,
-    ])
-    check_training_config(config)  # what training refuses: now, not in a stage's process
-    summary = {"bench": "data", "pairs": pairs, "join": join, "config": config_file,
-               "generate_s": round(generated, 1)}
-    summary.update(_in_fresh_process(_prepare_stage, config))
-    summary.update(_in_fresh_process(_train_stage, config, steps, time.time()))
+    # The corpus is written anew (a new key: prepared again, as measured), so its prepared
+    # folder goes at the end: one was left for each run, hundreds of MB for a large corpus
+    with tempfile.TemporaryDirectory(prefix="data.", dir=folder) as data_dir:
+        config = load_config(config_file, [
+            f"data.train_files=[{','.join(files['train'])}]",
+            f"data.val_files=[{','.join(files['val'])}]",
+            f"data.data_dir={data_dir}", "trainer.enable_progress_bar=false", *overrides,
+        ])
+        check_training_config(config)  # what training refuses: now, not in a stage's process
+        summary = {"bench": "data", "pairs": pairs, "join": join, "config": config_file,
+                   "generate_s": round(generated, 1)}
+        summary.update(_in_fresh_process(_prepare_stage, config))
+        summary.update(_in_fresh_process(_train_stage, config, steps, time.time()))
     summary["loader_vs_model"] = round(summary["loader_batches_per_s"]
                                        / max(summary["model_steps_per_s"], 1e-9), 1)
     return summary

@@ -312,3 +312,14 @@ def test_bench_data_refuses_what_training_refuses(tmp_path, capfd, option, messa
     err = capfd.readouterr().err
     assert message in err.splitlines()[-1] and "Traceback" not in err, err
 
+
+
+def test_bench_data_leaves_no_prepared_folder_behind(tmp_path, capsys):
+    """Each run writes its corpus anew, to be prepared again as measured: the prepared folder
+    of every earlier run was left under --dir, hundreds of MB each for a large corpus."""
+    options = ["data.vocab_size=100", "model.d_model=32", "model.heads=2", "model.ff_dim=64",
+               "model.encoder_layers=1", "model.decoder_layers=1", "trainer.precision=32-true"]
+    assert main(["bench", "data", "--pairs", "60", "--steps", "1", "--dir", str(tmp_path / "b"),
+                 *options]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["prepare_s"] >= 0
+    assert sorted(path.name for path in (tmp_path / "b").iterdir()) == ["corpus"]
