@@ -164,7 +164,12 @@ class TranslationAPI(litserve.LitAPI):
     def setup(self, device: str) -> None:
         """Load every model and translate one sentence with each, so that one-time costs
         (kernel initialisation, first allocations: seconds on a CPU) are paid before /health
-        says ready, not by the first requests."""
+        says ready, not by the first requests. Runs in LitServe's worker process."""
+        # Ctrl-C reaches the terminal's whole process group: this worker too, where Python's
+        # KeyboardInterrupt printed a 25-line traceback over the server's quiet exit. It ends
+        # quietly instead, as on SIGTERM (how the server's own shutdown stops it); not ignored,
+        # as a worker left running would keep a server interrupted while starting from exiting.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         # auto's precision for a batch of requests at --beam (a request may name another)
         self.translators = {name: load_translator(path, self.engine, device, self.weights,
                                                   self.precision, self.max_batch_size,

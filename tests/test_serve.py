@@ -78,7 +78,10 @@ def start_server(args: list[str], log: Path):
     process = subprocess.Popen(
         [sys.executable, "-m", "nmt", "serve", *args, "--port", str(port)],
         stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        # Ctrl-C as in a terminal, also where pytest was started in the background (`&` in a
+        # script), whose children inherit SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:
@@ -279,6 +282,22 @@ def test_a_request_that_waits_past_the_timeout_gets_a_504(runs, tmp_path):
     statuses = sorted(status for status, _ in answers)
     assert statuses[0] == 200 and statuses[-1] == 504, statuses
     assert all(answer == {"error": "Request timed out"} for status, answer in answers if status == 504)
+
+
+def test_ctrl_c_stops_the_server_without_a_traceback(runs, tmp_path):
+    """Ctrl-C in a terminal signals the whole process group: LitServe's inference worker too,
+    which printed a KeyboardInterrupt traceback while the server shut down."""
+    _, paths, _ = runs
+    log = tmp_path / "serve.log"
+    process, _ = start_server(["--checkpoint", str(paths[0]), "--precision", "32-true",
+                               "--weights", "best.ckpt"], log)
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    finally:
+        stop_server(process)
+    assert process.returncode == 0, log.read_text()[-2000:]
+    assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
 
 
 def test_page_and_script_are_served(server):
