@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -46,7 +47,8 @@ def open_bytes(path: str) -> BinaryIO:
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to, renamed over ``path`` when the block ends
-    without error; removed otherwise, so no half-written file is left behind. A symbolic link
+    without error; removed otherwise, so no half-written file is left behind. A file replaced
+    keeps its permission bits, as one written in place would. A symbolic link
     is written through (its target is replaced, the link kept); a pipe or a device
     (``/dev/stdout``, ``/proc/self/fd/1``: the process' own streams, whatever they lead to) is
     written in place, as it cannot be replaced."""
@@ -71,6 +73,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
+        if path.is_file():  # the file replaced keeps its permissions: a private (600) output
+            shutil.copymode(path, tmp)  # became readable by all (644, the umask's) otherwise
         os.replace(tmp, path)
     except OSError as err:
         raise NMTError(f"cannot write {path}: {err.strerror}") from None

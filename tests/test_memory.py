@@ -3,6 +3,8 @@ fails leaves the old file and no temporary one."""
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 
@@ -52,3 +54,17 @@ def test_a_text_that_cannot_be_written_is_a_one_line_error(tmp_path):
     with pytest.raises(NMTError, match="is a directory"):
         write_atomic(tmp_path, "text")
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["blocker", "out.txt"]
+
+
+def test_a_file_replaced_keeps_its_permissions(tmp_path):
+    """A private output (chmod 600: nmt translate --output, say) stayed private only until it
+    was written again: the new file, renamed over it, had the umask's 644."""
+    private, new = tmp_path / "private.txt", tmp_path / "new.txt"
+    private.write_text("old")
+    private.chmod(0o600)
+    write_atomic(private, "new")
+    write_atomic(new, "new")
+    assert private.read_text() == "new" and stat.S_IMODE(private.stat().st_mode) == 0o600
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask  # a new file: as open() makes it
