@@ -430,5 +430,11 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
         server.run(host=host, port=port, generate_client_file=False, log_level="warning")
     except RuntimeError as err:  # LitServe's "workers failed to start": the log above says why
         raise NMTError(f"the server could not start: {err}".splitlines()[0]) from None
+    except KeyboardInterrupt:  # SIGTERM or Ctrl-C while the workers load: LitServe stops them
+        # only once it serves, and Python's exit waited for them to load (seconds to minutes;
+        # a container's stop timed out), then their traceback at the queues it had shut down
+        for worker in getattr(server, "inference_workers", []):
+            worker.terminate()
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)  # for a caller in the same process

@@ -300,6 +300,33 @@ def test_ctrl_c_stops_the_server_without_a_traceback(runs, tmp_path):
     assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
 
 
+def test_a_server_stopped_while_its_worker_loads_stops_the_worker(runs, monkeypatch):
+    """SIGTERM (as Ctrl-C) while LitServe waits for its worker to load: LitServe stops its
+    workers only once it serves, so the command's exit waited for the worker to load, and
+    then printed its traceback. The worker is stopped at once instead."""
+    import litserve
+
+    from nmt.serve import serve
+
+    _, paths, _ = runs
+    workers = []
+
+    def interrupted(server) -> None:  # the signal, as it comes while the worker loads
+        workers.extend(server.inference_workers)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(litserve.LitServer, "verify_worker_status", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            serve([str(paths[0])], port=free_port(), precision="32-true", weights="best.ckpt")
+        for worker in workers:
+            worker.join(timeout=60)
+        assert workers and all(w.exitcode == -signal.SIGTERM for w in workers)
+    finally:
+        for worker in workers:
+            worker.kill()
+
+
 def test_page_and_script_are_served(server):
     status, page = request(server + "/")
     assert status == 200 and '<script src="/app.js">' in page
