@@ -436,5 +436,20 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
         for worker in getattr(server, "inference_workers", []):
             worker.terminate()
         raise
+    except (EOFError, OSError):  # at LitServe's queues, which it shut down as its worker died
+        ended = [w.exitcode for w in getattr(server, "inference_workers", []) if w.exitcode]
+        if not ended:
+            raise
+        raise NMTError(f"the inference worker died ({how_it_ended(ended[0])}), so the server "
+                       "stopped: start it again (in production, under a supervisor that "
+                       "restarts it)") from None
     finally:
         signal.signal(signal.SIGTERM, previous)  # for a caller in the same process
+
+
+def how_it_ended(exitcode: int) -> str:
+    """A worker process's end in words, from its ``exitcode`` (-N: killed by signal N)."""
+    if exitcode >= 0:
+        return f"exit status {exitcode}"
+    name = signal.Signals(-exitcode).name
+    return f"killed by {name}" + (": out of memory?" if name == "SIGKILL" else "")  # OOM killer's

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -325,6 +326,39 @@ def test_a_server_stopped_while_its_worker_loads_stops_the_worker(runs, monkeypa
     finally:
         for worker in workers:
             worker.kill()
+
+
+def inference_workers(process) -> list[int]:
+    """The pids of server ``process``'s LitServe inference workers: in its process group,
+    spawned (multiprocessing's spawn_main runs them), read from Linux's /proc."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with suppress(OSError):  # a process that ended meanwhile
+            pid = int(cmdline.parent.name)
+            if b"spawn_main" in cmdline.read_bytes() and os.getpgid(pid) == process.pid:
+                pids.append(pid)
+    return pids
+
+
+def test_a_server_whose_worker_dies_stops_in_one_line(runs, tmp_path):
+    """The inference worker killed (the OOM killer's SIGKILL): LitServe stops the server, whose
+    status must say so to a supervisor (not 0), in one line (it was a traceback, EOFError)."""
+    _, paths, _ = runs
+    log = tmp_path / "serve.log"
+    process, _ = start_server(["--checkpoint", str(paths[0]), "--precision", "32-true",
+                               "--weights", "best.ckpt"], log)
+    try:
+        workers = inference_workers(process)
+        assert len(workers) == 1
+        os.kill(workers[0], signal.SIGKILL)
+        process.wait(timeout=60)
+    finally:
+        stop_server(process)
+    text = log.read_text()
+    assert process.returncode == 1 and "Traceback" not in text, text[-2000:]
+    assert text.splitlines()[-1] == ("error: the inference worker died (killed by SIGKILL: out of "
+                                     "memory?), so the server stopped: start it again (in "
+                                     "production, under a supervisor that restarts it)")
 
 
 def test_page_and_script_are_served(server):
