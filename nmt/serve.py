@@ -257,7 +257,7 @@ def model_info(name: str, path: str, engine: str, ensemble: list[str] = ()) -> d
     the first run's alone would misname it); ``members`` gives each run's, the first one
     included, and the parameters are all runs' together."""
     members = [run_summary(name, path),
-               *(run_summary(Path(member).resolve().name, member) for member in ensemble)]
+               *(run_summary(model_name(member), member) for member in ensemble)]
     info = {**members[0], "parameters": sum(map(parameter_count, [path, *ensemble])),
             "engine": engine}
     if ensemble:
@@ -280,11 +280,18 @@ def parameter_count(run_dir: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def model_name(path: str | Path) -> str:
+    """The name a served directory goes by: its own as given, "." and ".." read as the folders
+    they name. A link keeps its name, not its target's: clients that ask for the model
+    "current" (a link to the latest run) got a 400 unknown model once it pointed elsewhere."""
+    return Path(os.path.abspath(path)).name
+
+
 def served_models(paths: list[str], engine: str) -> dict[str, str]:
     """Model name (the directory's name) -> path; each checked before any worker starts."""
     runs: dict[str, str] = {}
     for path in paths:
-        name = Path(path).resolve().name
+        name = model_name(path)
         if name in runs:
             raise NMTError(f"two directories named '{name}': model names must differ")
         if not (Path(path) / "config.yaml").is_file() or not (Path(path) / "spm.model").is_file():
@@ -424,7 +431,7 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
     address = f"[{host}]" if ":" in host else host  # an IPv6 address is bracketed in a URL
-    print(f"serving {', '.join(Path(p).resolve().name for p in paths)} with {engine} "
+    print(f"serving {', '.join(map(model_name, paths))} with {engine} "
           f"at http://{address}:{port}/", flush=True)
     try:
         server.run(host=host, port=port, generate_client_file=False, log_level="warning")

@@ -581,6 +581,20 @@ def test_an_ensemble_is_served_as_one_model(runs):
     assert info["parameters"] == sum(p.numel() for p in ensemble.model.parameters())
 
 
+def test_a_run_served_through_a_link_is_named_after_the_link(runs, tmp_path):
+    """A model is named after the directory given: a link's name, not its target's (served as
+    "first", "current" changed name whenever the link moved to a newer run)."""
+    from nmt.serve import model_info, served_models
+
+    _, paths, _ = runs
+    current = tmp_path / "current"
+    current.symlink_to(paths[0], target_is_directory=True)
+    assert served_models([str(current), f"{paths[1]}/."], "torch") == {
+        "current": str(current), "second": f"{paths[1]}/."}
+    assert [m["name"] for m in model_info("current", str(current), "torch", [str(current)])[
+        "members"]] == ["current", "current"]
+
+
 def test_a_served_runs_missing_chosen_weights_are_named_once(runs, tmp_path, capsys):
     """The server's start-up check is quiet about it; the worker's load says it, once."""
     from nmt.serve import TranslationAPI, build_server
