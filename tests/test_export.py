@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -338,6 +341,30 @@ def test_a_failed_export_leaves_the_earlier_one_whole(run, tmp_path, capsys, mon
     monkeypatch.chdir(out)  # an export again, from inside it: "." had no name to put beside
     assert main(["export", "--checkpoint", str(run), "--out", "."]) == 0
     assert {p.name for p in out.iterdir()} == set(before)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_an_export_stopped_part_of_the_way_leaves_no_folder_behind(run, tmp_path, stop):
+    """SIGTERM (a scheduler, kill) or SIGHUP (a closed terminal) while CTranslate2 wrote left
+    its hidden, half-written folder beside --out for good (exit 143); as Ctrl-C, it is removed."""
+    out = tmp_path / "ct2"
+    code = f"""if True:
+        import os, sys
+        from pathlib import Path
+        from nmt import export
+        from nmt.cli import main
+
+        def stopped_half_way(self, output_dir, **options):
+            Path(output_dir).mkdir()
+            (Path(output_dir) / "model.bin").write_bytes(b"half")
+            os.kill(os.getpid(), {int(stop)})
+
+        export.RunConverter.convert = stopped_half_way
+        sys.exit(main(["export", "--checkpoint", {str(run)!r}, "--out", {str(out)!r}]))"""
+    process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300, preexec_fn=lambda: signal.signal(stop, signal.SIG_DFL))
+    assert process.returncode == 130 and process.stderr.endswith("interrupted\n"), process.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_export_over_an_export_keeps_what_else_is_there(run, tmp_path, capsys):

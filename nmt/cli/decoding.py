@@ -386,6 +386,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         from nmt.export import export_ctranslate2
     except ImportError:
         raise NMTError('nmt export needs CTranslate2: pip install -e ".[export]"') from None
-    out = export_ctranslate2(args.checkpoint, args.out, args.quantization, args.weights)
+    with sigterm_as_interrupt():  # a stopped export removes its half-written folder too
+        out = export_ctranslate2(args.checkpoint, args.out, args.quantization, args.weights)
     print(f"CTranslate2 model ({args.quantization}) written to {out}/; use it with "
           f"nmt translate --engine ctranslate2 --checkpoint {out}")
