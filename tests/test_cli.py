@@ -1247,6 +1247,21 @@ def test_translate_reads_gzip_and_takes_a_dash_for_stdout(run, tmp_path, capsys,
     assert capsys.readouterr().err.startswith(f"error: {packed}: damaged gzip file")
 
 
+def test_translate_writes_an_output_named_gz_gzipped(run, tmp_path, capsys):
+    """--output out.en.gz was plain text under a gzip name: zcat, and translate's own --input,
+    refused it as a damaged gzip file."""
+    source = tmp_path / "in.de"
+    source.write_text("haus\nein kleines haus\n")
+    assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--beam", "1"]) == 0
+    expected = capsys.readouterr().out
+    out = tmp_path / "out.en.gz"
+    assert main(["translate", "--checkpoint", str(run), "--input", str(source), "--beam", "1",
+                 "--output", str(out)]) == 0
+    assert gzip.decompress(out.read_bytes()).decode() == expected
+    assert out.read_bytes()[10:17] == b"out.en\0"  # the header's name, not the temporary file's
+    assert main(["translate", "--checkpoint", str(run), "--input", str(out), "--beam", "1"]) == 0
+
+
 @pytest.mark.parametrize("stop,nohup", [(signal.SIGTERM, False), (signal.SIGHUP, False),
                                         (signal.SIGHUP, True)])
 def test_translate_stopped_part_of_the_way_leaves_no_temporary_file(run, tmp_path, stop, nohup):

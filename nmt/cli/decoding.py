@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import codecs
 import functools
+import gzip
+import io
 import os
 import signal
 import stat
@@ -150,9 +152,9 @@ def write_stream(text: str, name: str = "stdout") -> None:
 
 @contextmanager
 def output_writer(path: str | None) -> Iterator[Callable[[str], object]]:
-    """Where each chunk's translations go once done: stdout; or a file written beside ``path``
-    and renamed over it only when the whole input is translated, so an error part of the way
-    leaves an earlier ``path`` whole."""
+    """Where each chunk's translations go once done: stdout; or a file (gzipped where its name
+    ends in .gz) written beside ``path`` and renamed over it only when the whole input is
+    translated, so an error part of the way leaves an earlier ``path`` whole."""
     name = "stdout" if path is None else own_stream(path)
     if name is not None:  # /dev/stdout, /proc/self/fd/2, the file > sends stdout to: through the
         # stream itself, as opened anew it would be truncated, or written from its start over
@@ -161,8 +163,12 @@ def output_writer(path: str | None) -> Iterator[Callable[[str], object]]:
             raise NMTError(f"{name} is closed: give --output FILE")
         yield functools.partial(write_stream, name=name)
         return
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
-        yield out.write
+    with atomic_path(path) as tmp, open(tmp, "wb") as raw:
+        # a .gz name is written gzipped, as --input reads it (a plain text so named was then
+        # refused as a damaged gzip file); its header names the file, not the temporary one
+        binary = gzip.GzipFile(Path(path).name, "wb", fileobj=raw) if path.endswith(".gz") else raw
+        with io.TextIOWrapper(binary, encoding="utf-8") as out:
+            yield out.write
 
 
 def own_stream(path: str) -> str | None:
