@@ -168,6 +168,8 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
         if target.exists():
             target.rename(old)
         new.rename(target)
+    except OSError as err:  # named as --out: the hidden folder beside it, which it named, is gone
+        raise NMTError(f"cannot write {out}: {err.strerror or err}") from None
     finally:
         if old.exists() and not target.exists():  # stopped between the two renames
             old.rename(target)

@@ -367,6 +367,20 @@ def test_an_export_stopped_part_of_the_way_leaves_no_folder_behind(run, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_export_that_cannot_be_written_names_its_out_folder(run, tmp_path, capsys, monkeypatch):
+    """A folder --out cannot be made in (read-only) was named by the hidden folder beside
+    --out that the export writes first, and removes: "error: /abs/.ct2.new123: Permission
+    denied"."""
+    def refused(self, output_dir, **options):  # as os.makedirs in a read-only folder
+        raise PermissionError(13, "Permission denied", output_dir)
+
+    monkeypatch.setattr(export.RunConverter, "convert", refused)
+    out = tmp_path / "ct2"
+    assert main(["export", "--checkpoint", str(run), "--out", str(out)]) == 1
+    assert capsys.readouterr().err == f"error: cannot write {out}: Permission denied\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_export_over_an_export_keeps_what_else_is_there(run, tmp_path, capsys):
     """A new export replaces the output folder whole: an earlier export is replaced only when
     it holds nothing but an export's files (an evaluation's eval/ would be lost)."""
