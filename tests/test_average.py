@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -326,3 +329,26 @@ def test_an_average_never_replaces_a_file_that_is_not_a_checkpoint(tmp_path):
     for _ in range(2):  # the second time over the first's file
         out, _ = average_run(tmp_path / "run", out=tmp_path / "avg.pt")
     assert torch.load(out)["state_dict"]["model.w"].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_an_average_stopped_part_of_the_way_leaves_no_file_behind(tmp_path, stop):
+    """SIGTERM (a scheduler, kill) or SIGHUP while the average was written left its hidden
+    temporary file (a model's size) in the run for good; as on Ctrl-C, it is now removed."""
+    for step in (4, 8):
+        _save(tmp_path / "steps" / f"step{step}.ckpt", {"model.w": torch.randn(3)})
+    code = f"""if True:
+        import os, sys, torch
+        from nmt.cli import main
+
+        def stopped_half_way(obj, path, *args, **kwargs):
+            open(path, "wb").write(b"half")
+            os.kill(os.getpid(), {int(stop)})
+
+        torch.save = stopped_half_way
+        sys.exit(main(["average", "--checkpoint", {str(tmp_path)!r}]))"""
+    process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300, preexec_fn=lambda: signal.signal(stop, signal.SIG_DFL))
+    assert process.returncode == 128 + stop, process.stderr  # as the signal's default
+    assert process.stderr.endswith(f"stopped by {stop.name}\n"), process.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["steps"]

@@ -13,6 +13,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -33,7 +34,7 @@ from nmt.data.prepare import check_prepared_text, load_side, prepare, sample_pai
 from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
 from nmt.errors import NMTError
 
-from .conftest import MULTI30K, tiny_train_args, write_corpus
+from .conftest import MULTI30K, REPO, tiny_train_args, write_corpus
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="data/multi30k not linked")
@@ -863,3 +864,30 @@ def test_encoding_threads_are_the_cpus_this_process_may_run_on(tmp_path, monkeyp
     stems = [tmp_path / "train.de", tmp_path / "train.en"]
     assert prepare_module._encode_split(chunks, Pieces(), np.int16, stems)[0] == 2
     assert threads == [1, 1]
+
+
+def test_a_preparation_stopped_by_sigterm_leaves_no_build_folder(tmp_path):
+    """SIGTERM (a scheduler, kill) while a corpus was prepared left its half-built folder
+    (gigabytes for a large corpus) until the next preparation, and exited without a word; as
+    on Ctrl-C, it is now removed, and the command says it was stopped."""
+    files = write_corpus(tmp_path)
+    argv = ["prepare", "--config", str(REPO / "configs" / "transformer.yaml"),
+            f"data.train_files=[{','.join(files['train'])}]",
+            f"data.val_files=[{','.join(files['val'])}]",
+            f"data.data_dir={tmp_path / 'data'}", "data.vocab_size=100"]
+    code = f"""if True:
+        import os, signal, sys
+        from nmt.data import prepare
+
+        def stopped_half_way(texts, path, vocab_size):
+            path.write_bytes(b"half")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        prepare.train_tokenizer = stopped_half_way
+        from nmt.cli import main
+        sys.exit(main({argv!r}))"""
+    process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    assert process.returncode == 143, process.stderr
+    assert process.stderr.endswith("stopped by SIGTERM\n"), process.stderr
+    assert list((tmp_path / "data" / "prepared").iterdir()) == []

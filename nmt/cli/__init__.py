@@ -14,6 +14,8 @@ import io
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 from nmt.allocator import keep_freed_memory
 from nmt.cli.bench import add_bench
@@ -41,15 +43,36 @@ class Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    """The parser tree. Each command's parser names the function that runs it (``run_command``)
-    and whether it takes config overrides, ``--section.key VALUE`` (``takes_overrides``)."""
+    """The parser tree. Each command's parser names the function that runs it (``run_command``),
+    whether it takes config overrides, ``--section.key VALUE`` (``takes_overrides``), and
+    whether it handles SIGTERM itself (``own_signals``: Lightning's and LitServe's handlers,
+    which ``sigterm_as_interrupt`` would stand in the way of)."""
     top = Parser(prog="nmt", description=__doc__.splitlines()[0])
-    top.set_defaults(takes_overrides=False)
+    top.set_defaults(takes_overrides=False, own_signals=False)
     sub = top.add_subparsers(dest="command", required=True)
     for add_command in (add_train, add_prepare, add_decoding, add_serve, add_export, add_average,
                         add_compare, add_bench):
         add_command(sub)
     return top
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (its terminal closed) raise ``Stopped``, an interrupt as Ctrl-C's,
+    while the block runs: what a command was writing (``atomic_path``: a translation, an
+    evaluation, an average, an export, a prepared corpus) is then removed, where these
+    signals' default left it for good. A signal the process ignores (``nohup``) stays
+    ignored."""
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(sig) is not signal.SIG_IGN}  # nohup's: outlive the terminal
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
 
 def hold_standard_fds() -> None:
     """/dev/null on each of fds 0-2 the command was started without (``<&-``, ``>&-``): a file
@@ -77,12 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser().parse_known_args(argv)
     keep_freed_memory()
     try:
-        if args.takes_overrides:
-            args.run_command(args, named_overrides(args) + dotted_overrides(extra, args.known_options))
-        elif extra:
-            raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
-        else:
-            args.run_command(args)
+        with nullcontext() if args.own_signals else sigterm_as_interrupt():
+            if args.takes_overrides:
+                args.run_command(args, named_overrides(args) + dotted_overrides(extra, args.known_options))
+            elif extra:
+                raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
+            else:
+                args.run_command(args)
     except NMTError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 from nmt.cli.options import positive_int
 from nmt.config import DECODING_PRECISIONS
-from nmt.errors import NMTError, Stopped
+from nmt.errors import NMTError
 from nmt.files import GZIP_ERRORS, atomic_path, open_bytes, what_it_is
 
 # Lines translated together: the translator sorts them by length into batches, so larger
@@ -184,23 +184,6 @@ def own_stream(path: str) -> str | None:
     return None
 
 
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP (its terminal closed) raise ``Stopped``, an interrupt as Ctrl-C's,
-    while the block runs: blocks that write (``atomic_path``) then remove their temporary
-    files. A signal the process ignores (``nohup``) stays ignored."""
-    def stop(signum: int, frame: object) -> None:
-        raise Stopped(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)
-                if signal.getsignal(sig) is not signal.SIG_IGN}  # nohup's: outlive the terminal
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def cmd_translate(args: argparse.Namespace) -> None:
     for flag, path, stream in (("--input", args.input, "stdin"), ("--output", args.output, "stdout")):
         if path == "":  # an unset shell variable: not stdin or stdout
@@ -220,8 +203,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
     if args.plot_attention is not None:
         check_plot_options(translator, args)
     first = 1  # the input's number of the chunk's first line
-    with sigterm_as_interrupt(), open_input(args.input) as stream, \
-            output_writer(args.output) as write:
+    with open_input(args.input) as stream, output_writer(args.output) as write:
         for lines in input_chunks(stream, args.buffer_lines, args.input or "stdin"):
             write(translate_chunk(translator, lines, first, args))
             first += len(lines)
@@ -348,7 +330,7 @@ def cmd_average(args: argparse.Namespace) -> None:
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="translate over HTTP, with a web page of the attention")
-    serve.set_defaults(run_command=cmd_serve)
+    serve.set_defaults(run_command=cmd_serve, own_signals=True)
     serve.add_argument("--checkpoint", required=True, nargs="+",
                        help="run directories (exported models with --engine ctranslate2)")
     serve.add_argument("--host", default="127.0.0.1", help="127.0.0.1, 0.0.0.0 or ::")
@@ -392,7 +374,6 @@ def cmd_export(args: argparse.Namespace) -> None:
         from nmt.export import export_ctranslate2
     except ImportError:
         raise NMTError('nmt export needs CTranslate2: pip install -e ".[export]"') from None
-    with sigterm_as_interrupt():  # a stopped export removes its half-written folder too
-        out = export_ctranslate2(args.checkpoint, args.out, args.quantization, args.weights)
+    out = export_ctranslate2(args.checkpoint, args.out, args.quantization, args.weights)
     print(f"CTranslate2 model ({args.quantization}) written to {out}/; use it with "
           f"nmt translate --engine ctranslate2 --checkpoint {out}")

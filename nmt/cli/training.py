@@ -16,7 +16,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a model (resumes if the run directory has one)",
                            epilog="Any config key can be set as --section.key VALUE, "
                                   "e.g. --trainer.strategy ddp --trainer.devices 2.")
-    train.set_defaults(run_command=cmd_train, takes_overrides=True)
+    train.set_defaults(run_command=cmd_train, takes_overrides=True, own_signals=True)
     train.add_argument("--config", help="YAML config, e.g. configs/transformer.yaml")
     add_train_flags(train, tuple(TRAIN_FLAGS))
 
@@ -51,7 +51,7 @@ def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
 def add_compare(sub: argparse._SubParsersAction) -> None:
     compare = sub.add_parser("compare", help="the attention study: families x scorers x seeds",
                              epilog="Other config keys apply to every cell: --section.key VALUE.")
-    compare.set_defaults(run_command=cmd_compare, takes_overrides=True)
+    compare.set_defaults(run_command=cmd_compare, takes_overrides=True, own_signals=True)
     compare.add_argument("--config", default="configs/compare.yaml")
     compare.add_argument("--preset", default="quick", help="quick | full | study (see the config)")
     compare.add_argument("--seeds", type=positive_int,
