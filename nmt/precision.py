@@ -129,12 +129,12 @@ def _cached(key: str) -> dict | None:
     return timing if valid else None
 
 
-def _store(key: str, value: dict) -> None:
+def _store(key: str, value: dict) -> bool:
     """Add ``value`` to the cache under ``key``: read, add, and rename a new file over it
     (readers see the old file or the new, whole), all under an exclusive lock on a file beside
     it, so that processes storing at once (nmt compare --jobs 2) do not each write what they
-    read without the other's entry. Where nothing can be written (a read-only home), nothing is
-    stored: probe again next time."""
+    read without the other's entry. Whether it was stored: where nothing can be written (a
+    read-only home), nothing is, and the next run probes again."""
     try:
         CACHE.parent.mkdir(parents=True, exist_ok=True)
         with open(CACHE.with_name(f"{CACHE.name}.lock"), "a") as lock:
@@ -146,7 +146,8 @@ def _store(key: str, value: dict) -> None:
             tmp.write_text(json.dumps(entries, indent=1))
             os.replace(tmp, CACHE)
     except OSError:
-        pass
+        return False
+    return True
 
 
 def has_native_bf16() -> bool:
@@ -180,10 +181,10 @@ def choose_by_probe(probe: str, measure: Callable[[], dict], what: str,
         print(f"precision auto: timing {what} against fp32 (the answer is cached in {CACHE}; "
               "delete that file to measure again) ...", file=sys.stderr, flush=True)
     timing, source = measure(), "probe"
-    if timing["steady"] or cache_unsteady:
-        _store(key, timing)
-    else:
+    if not (timing["steady"] or cache_unsteady):
         source = "probe; not cached: its rounds disagreed, the machine is busy"
+    elif not _store(key, timing):
+        source = f"probe; not cached: {CACHE} cannot be written"
     return _choice(timing, what, cpu, source, measured=True)
 
 

@@ -414,12 +414,17 @@ def test_a_file_system_without_locks_still_caches(cache, monkeypatch):
 
 def test_a_cache_that_cannot_be_written_is_no_error(tmp_path, monkeypatch):
     """A home where nothing can be written (here a file where the folder would be, which even
-    root cannot write into): nothing is cached, no lock file either, and no error."""
+    root cannot write into): nothing is cached, no lock file either, and no error; the choice
+    says so (it said "probe" as if cached, and the next run probed again unexplained)."""
     home = tmp_path / "home"
     home.write_text("")
     monkeypatch.setattr(precision, "CACHE", home / ".cache" / "precision.json")
-    precision._store("key", {"fp32": 1.0, "bf16": 0.5, "steady": True})
+    monkeypatch.setattr(precision, "has_native_bf16", lambda: True)
+    assert not precision._store("key", {"fp32": 1.0, "bf16": 0.5, "steady": True})
     assert precision._entries() == {} and list(tmp_path.iterdir()) == [home]
+    fake_timing(monkeypatch, 1.0, 0.5)
+    choice = precision.choose_cpu_precision([(8, 8, 8)], announce=False)
+    assert choice.reason.endswith(f"(probe; not cached: {precision.CACHE} cannot be written)")
 
 
 def test_a_disturbed_training_probe_is_cached_for_the_other_ddp_processes(cache, monkeypatch):
