@@ -74,9 +74,16 @@ def _cpuinfo() -> dict[str, str]:
 def probe_shapes(model_cfg: dict, vocab_size: int, tokens: int = 512) -> list[tuple[int, int, int]]:
     """The (M, K, N) matmuls that dominate a training step of this model, over ``tokens``
     rows (a quarter of a batch keeps the probe short; oneDNN's speed ratio hardly changes
-    with M): each family names its own (``typical_matmuls``), from the config or its defaults."""
+    with M): a family names its own (``typical_matmuls``), from the config or its defaults;
+    one that names none (a new family need not) is probed on its weight matrices' shapes."""
     cls, options = check_model_config(model_cfg)
-    return cls.typical_matmuls(options, vocab_size, tokens)
+    if hasattr(cls, "typical_matmuls"):
+        return cls.typical_matmuls(options, vocab_size, tokens)
+    with torch.device("meta"):  # shapes only: building it allocates nothing
+        model = cls(vocab_size=vocab_size, **options)
+    # a weight (N, K) multiplies (M, K) inputs; an embedding's (V, E) is the tied output layer's
+    shapes = [(tokens, p.size(1), p.size(0)) for p in model.parameters() if p.dim() == 2]
+    return list(dict.fromkeys(shapes))  # each shape once, in the model's order
 
 
 def _seconds(a: torch.Tensor, b: torch.Tensor) -> float:

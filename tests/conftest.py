@@ -47,6 +47,18 @@ def reversal_batch(rng: random.Random, size: int, min_len: int = 3, max_len: int
 
 
 @pytest.fixture
+def toy_registries(monkeypatch):
+    """tests.toys' scorer as "toy_cosine" in SCORERS and its family as "toy" in MODELS, for
+    one test: what a researcher's one class and one registry entry give."""
+    from nmt import attention, models
+
+    from .toys import ToyFamily, ToyScorer
+
+    monkeypatch.setitem(attention.SCORERS, "toy_cosine", ToyScorer)
+    monkeypatch.setitem(models.MODELS, "toy", ToyFamily)
+
+
+@pytest.fixture
 def random_batch():
     return reversal_batch(random.Random(0), 6)
 

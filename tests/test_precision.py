@@ -465,3 +465,17 @@ def test_decoding_says_what_it_measured_and_only_then(cache, monkeypatch, capsys
     assert "decoding precision: bf16-mixed (bf16 decoding of" in err and "2.00x fp32" in err
     precision.decoding_precision(config, None, "cpu")  # cached: nothing to wait for or say
     assert capsys.readouterr().err == ""
+
+
+def test_a_family_without_typical_matmuls_is_probed_on_its_weight_matrices(toy_registries,
+                                                                             tmp_path):
+    """A new family, one class and its registry entry, could not train: choosing the
+    precision asked the class for ``typical_matmuls`` (an AttributeError, in every precision,
+    as the shapes were read before the precision was). It is probed on its weights' shapes."""
+    from .toys import toy_config
+
+    assert precision.probe_shapes({"family": "toy", "emb_dim": 16}, vocab_size=100) == [
+        (512, 16, 100), (512, 16, 128), (512, 32, 48), (512, 16, 48), (512, 32, 100)]
+    config = toy_config(tmp_path, write_corpus(tmp_path))
+    assert main(["train", "--config", config, "--run-dir", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "best.ckpt").is_file()
