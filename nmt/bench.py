@@ -24,7 +24,7 @@ from nmt.evaluate import split_pairs
 from nmt.files import refuse_export
 from nmt.memory import peak_memory_mb
 from nmt.metrics import score_corpus
-from nmt.models import build_model
+from nmt.models import build_model, scorer_of
 from nmt.precision import autocast_dtype
 from nmt.provenance import device_name
 from nmt.search import max_output_lengths, restrict
@@ -137,7 +137,7 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     return {
         "bench": "train",
         "model": config.model["family"],
-        "attention": config.model.get("attention"),
+        "attention": scorer_of(config.model),  # the family's default where the config names none
         "steps": timer.steps,
         "tgt_tok_per_s": round(timer.tgt_tokens / timer.seconds, 1),
         "src_tok_per_s": round(timer.src_tokens / timer.seconds, 1),

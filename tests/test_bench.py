@@ -328,7 +328,8 @@ def test_bench_data_leaves_no_prepared_folder_behind(tmp_path, capsys):
 def test_bench_train_counts_the_flops_of_a_family_without_its_own_count(toy_registries, tmp_path,
                                                                         capsys):
     """A new family, one class and its registry entry: bench train was an AttributeError after
-    its first timed step (no ``forward_flops``), and so was compare --cost. Torch counts them."""
+    its first timed step (no ``forward_flops``), and so was compare --cost. Torch counts them.
+    Its summary named the attention null where the config left the family's default."""
     from .toys import toy_config
 
     config = toy_config(tmp_path, write_corpus(tmp_path))
@@ -336,3 +337,4 @@ def test_bench_train_counts_the_flops_of_a_family_without_its_own_count(toy_regi
     assert main(["bench", "train", "--config", config, "--steps", "2", "--warmup", "1"]) == 0
     summary = last_json(capsys.readouterr().out)
     assert summary["model"] == "toy" and summary["mfu"] > 0  # (its GFLOP per token reads 0.0)
+    assert summary["attention"] == "toy_cosine"  # the family's default: the config names none
