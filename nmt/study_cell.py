@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from sacrebleu.metrics import BLEU
 
-from nmt.attention_stats import attention_statistics, teacher_forced_weights
+from nmt.attention_stats import attention_key_size, attention_statistics, teacher_forced_weights
 from nmt.data.batching import PairDataset, decoding_loader
 from nmt.data.corpus import test_set_name
 from nmt.data.prepare import lines_sha1
@@ -74,11 +74,12 @@ def _values_readable(record: dict) -> bool:
                 for (field, key), kind in RECORD_VALUES.items())
     if not typed:
         return False
-    model, provenance = record["config"]["model"], record["provenance"]
-    segments = record["train"].get("segments") or []
-    sizes = ("d_model", "heads") if model.get("family") == "transformer" else ("hidden_size",)
-    return (all(type(model.get(size)) is int and model[size] > 0 for size in sizes)
-            and isinstance(record.get("test_set", ""), str)
+    provenance, segments = record["provenance"], record["train"].get("segments") or []
+    try:
+        attention_key_size(record["config"]["model"])  # the tables' d_k, of any family
+    except NMTError:
+        return False
+    return (isinstance(record.get("test_set", ""), str)
             # a trial's options (nmt.compare.check_replaceable joins them); none in older records
             and isinstance(record.get("trial", []), list)
             and all(isinstance(option, str) for option in record.get("trial", []))

@@ -21,6 +21,7 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 from scipy.stats import ttest_rel
 
+from nmt.attention_stats import attention_key_size
 from nmt.compare import Cell, CompareConfig, cell_key, cell_overrides, cells_of, scored_as_asked
 from nmt.config import DataConfig, load_config
 from nmt.data.corpus import test_set_name
@@ -138,8 +139,7 @@ def summarise(cfg: CompareConfig, records: dict[Cell, dict], p_boot: dict[Cell, 
         model = next(iter(mine.values()))["config"]["model"]
         row = {
             "group": group, "family": family, "attention": attention, "variant": variant,
-            "d_k": model["d_model"] // model["heads"] if model["family"] == "transformer"
-            else model["hidden_size"],
+            "d_k": attention_key_size(model),
             "seeds": len(bleus), "seed_numbers": sorted(mine), "bleu": _mean(bleus),
             "bleu_std": round(statistics.stdev(bleus), 2) if len(bleus) > 1 else None,
             "chrf": _mean([r["scores"]["chrf"] for r in mine.values()]),

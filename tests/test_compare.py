@@ -463,7 +463,7 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
         {"scores": {**fields["scores"], "chrf": None}},  # its row averaged the other seed alone
         {"scores": {k: v for k, v in fields["scores"].items() if k != "bleu_signature"}},
         {"provenance": {**fields["provenance"], "precision": 5}},
-        {"config": {**fields["config"], "model": {"family": "rnn"}}},
+        {"config": {**fields["config"], "model": {"family": "rnn", "hidden_size": "64"}}},
         {"pictures": [{**fields["pictures"][0], "cross": "x"}]},
         {"train": {**fields["train"], "segments": ["x"]}},
         {"attention_stats": {"cross": {"entropy": "x"}}}, {"test_set": 5},
@@ -680,6 +680,23 @@ def test_a_family_is_known_by_its_model_not_its_label():
     cfg = SimpleNamespace(baselines={"tf": "scaled_dot"})
     [row] = summarise(cfg, {Cell("main", "tf", "scaled_dot", "base", 1): record}, {})
     assert row["d_k"] == 16 and row["family"] == "tf"
+
+
+def test_a_new_familys_records_are_read_and_tabled(toy_registries, tmp_path):
+    """A new family's cells trained and recorded, and then their records read as damaged (the
+    check wanted an RNN's hidden_size or a Transformer's d_model and heads) and the tables would
+    have been a KeyError: d_k is read from the model the record's config builds."""
+    from nmt.compare import Cell
+    from nmt.study_cell import RECORD, read_record
+    from nmt.study_report import summarise
+
+    record = json.loads((REPO / "study/study/cells/rnn_dot_seed1" / RECORD).read_text())
+    record["config"]["model"] = {"family": "toy", "emb_dim": 24}  # no attention: its default
+    (tmp_path / RECORD).write_text(json.dumps(record))
+    read = read_record(tmp_path)
+    cfg = SimpleNamespace(baselines={"toy": "toy_cosine"})
+    [row] = summarise(cfg, {Cell("main", "toy", "toy_cosine", "base", 1): read}, {})
+    assert row["d_k"] == 24 and row["family"] == "toy"
 
 
 def test_a_figure_of_cells_no_longer_tabled_is_removed(study, tmp_path):
