@@ -65,8 +65,8 @@ def check_exportable(config: Config) -> None:
     family = config.model.get("family")
     attention = config.model.get("attention", "scaled_dot")
     if family != "transformer":
-        raise NMTError(f"CTranslate2 cannot run a '{family}' model: it implements Transformers "
-                       "only, and has no recurrent encoder-decoder with Bahdanau attention")
+        raise NMTError(f"CTranslate2 cannot run a '{family}' model: nmt export converts the "
+                       "transformer family alone (CTranslate2 implements Transformers only)")
     if attention != "scaled_dot":
         raise NMTError(f"CTranslate2 cannot run '{attention}' attention: its Transformer "
                        "computes scaled dot-product attention only (train with scaled_dot)")

@@ -262,6 +262,21 @@ def test_unsupported_runs_get_one_line_reason(run, tmp_path, capsys, model, mess
     assert message in err and err.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
+def test_a_new_familys_run_is_refused_for_what_it_is(toy_registries, tmp_path, capsys):
+    """A new family's run was refused as "a recurrent encoder-decoder with Bahdanau attention",
+    the words for the RNN, whatever the family was."""
+    from .toys import toy_config
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    shutil.copy(toy_config(tmp_path, {split: ["x.src", "x.tgt"] for split in ("train", "val", "test")}),
+                run_dir / "config.yaml")
+    assert main(["export", "--checkpoint", str(run_dir), "--out", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err == ("error: CTranslate2 cannot run a 'toy' model: nmt export "
+                                       "converts the transformer family alone (CTranslate2 "
+                                       "implements Transformers only)\n")
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--quantization", "int4"], "unknown quantization 'int4'"),
     (["--format", "onnx"], "unknown export format 'onnx'"),
