@@ -230,6 +230,29 @@ def test_odd_sizes_and_booleans_for_sizes_are_refused_before_a_model_is_built(mo
         check_model_config(model)
 
 
+def test_a_family_without_the_decoding_interface_is_refused_at_start_up(toy_registries, tmp_path,
+                                                                        monkeypatch, capsys):
+    """A new family without set_dropout trained its first epoch and then stopped with an
+    AttributeError, where the budget bought a long run (optim.long_run_dropout)."""
+    from torch import nn
+
+    from nmt import models
+
+    from .toys import ToyFamily, toy_config
+
+    class NoDropoutSetter(nn.Module):  # the toy family's interface but set_dropout
+        __init__, forward = ToyFamily.__init__, ToyFamily.forward
+        encode, init_state, decode_step = ToyFamily.encode, ToyFamily.init_state, ToyFamily.decode_step
+
+    monkeypatch.setitem(models.MODELS, "toy", NoDropoutSetter)
+    config = toy_config(tmp_path, write_corpus(tmp_path))
+    assert main(["train", "--config", config, "--run-dir", str(tmp_path / "run")]) == 1
+    assert capsys.readouterr().err == ("error: model family 'toy' (NoDropoutSetter) has no "
+                                       "set_dropout: a family offers the decoding interface of "
+                                       "nmt/models/base.py\n")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("option, message", [
     ("trainer.early_stopping_patience=-1",
      "trainer.early_stopping_patience -1: give the validations to wait, or 0"),

@@ -15,6 +15,10 @@ from nmt.models.transformer import TransformerModel
 
 MODELS: dict[str, type[nn.Module]] = {"rnn": RNNModel, "transformer": TransformerModel}
 
+# What search, training and the ensemble call on every family (``nmt.models.base``), checked
+# by name at start-up: a family without set_dropout would stop a run after its first epoch.
+INTERFACE = ("encode", "init_state", "decode_step", "set_dropout")
+
 # Size options that must be even, and why.
 EVEN_OPTIONS = {"d_model": "the sinusoidal positions pair a sine with a cosine",
                 "hidden_size": "the encoder's two directions split it"}
@@ -23,7 +27,8 @@ EVEN_OPTIONS = {"d_model": "the sinusoidal positions pair a sine with a cosine",
 def check_model_config(model_cfg: dict[str, Any]) -> tuple[type[nn.Module], dict[str, Any]]:
     """The family's class and its keyword arguments, after checking names and types.
 
-    Unknown families, scorers and arguments, and mistyped values fail here, at start-up.
+    Unknown families, scorers and arguments, families without the decoding interface, and
+    mistyped values fail here, at start-up.
     """
     kwargs = dict(model_cfg)
     family = kwargs.pop("family", None)
@@ -33,6 +38,9 @@ def check_model_config(model_cfg: dict[str, Any]) -> tuple[type[nn.Module], dict
         raise NMTError(f"unknown attention '{kwargs['attention']}'; "
                        f"choose one of: {', '.join(SCORERS)}")
     cls = MODELS[family]
+    if missing := [name for name in INTERFACE if not callable(getattr(cls, name, None))]:
+        raise NMTError(f"model family '{family}' ({cls.__name__}) has no {', '.join(missing)}: "
+                       "a family offers the decoding interface of nmt/models/base.py")
     params = inspect.signature(cls).parameters
     valid = [name for name in params if name != "vocab_size"]
     for key, value in kwargs.items():
