@@ -1,4 +1,5 @@
-"""Model families by name. A new family: one class with the ``Seq2Seq`` interface + one entry."""
+"""Model families by name. A new family: one class with the ``Seq2Seq`` interface + one entry
+in ``MODELS`` (what else it may offer: README, "Adding a scorer or a model family")."""
 
 from __future__ import annotations
 
