@@ -165,7 +165,8 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
         RunConverter(translator).convert(str(new), quantization=quantization, force=True)
         for name in BESIDE_THE_MODEL:
             shutil.copy(run_dir / name, new / name)
-        if target.exists():
+        if target.exists():  # replaced: its permissions kept (a private folder stays so)
+            shutil.copymode(target, new)
             target.rename(old)
         new.rename(target)
     except OSError as err:  # named as --out: the hidden folder beside it, which it named, is gone

@@ -7,6 +7,7 @@ import json
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -293,6 +294,16 @@ def test_export_never_replaces_a_directory_that_is_not_an_export(run, tmp_path, 
     assert main(["export", "--checkpoint", str(run), "--out", str(keep)]) == 1
     assert "is not a CTranslate2 export" in capsys.readouterr().err
     assert (keep / "notes.txt").read_text() == "mine"
+
+
+def test_an_export_replaced_keeps_its_folders_permissions(run, exported, tmp_path):
+    """A private export (chmod 700) exported again became readable by all (755, the umask's):
+    the new folder, written beside it and swapped in, took the umask's mode."""
+    out = tmp_path / "ct2"
+    shutil.copytree(exported, out)
+    out.chmod(0o700)
+    assert main(["export", "--checkpoint", str(run), "--out", str(out)]) == 0
+    assert (out / "model.bin").is_file() and stat.S_IMODE(out.stat().st_mode) == 0o700
 
 
 def test_ctranslate2_engine_needs_an_export(run, exported, capsys):
