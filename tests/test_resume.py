@@ -78,6 +78,21 @@ def loader_position(ckpt: dict) -> dict:
     return ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
 
 
+def interrupt_at(monkeypatch, epoch: int, batch: int) -> None:
+    """Ctrl-C as training starts batch ``batch`` of epoch ``epoch`` (both from 0), until
+    ``monkeypatch.undo()``."""
+    from nmt.training import TranslationModule
+
+    start = TranslationModule.on_train_batch_start
+
+    def interrupted(self, this_batch, batch_idx):
+        if self.current_epoch == epoch and batch_idx == batch:
+            raise KeyboardInterrupt
+        return start(self, this_batch, batch_idx)
+
+    monkeypatch.setattr(TranslationModule, "on_train_batch_start", interrupted)
+
+
 @pytest.mark.parametrize("budget", [2, 5])  # inside the first epoch; inside the second
 def test_step_budget_inside_an_epoch_then_continue(corpus, straight, straight_dir, tmp_path, budget):
     assert main(args(corpus, tmp_path, f"trainer.max_steps={budget}")) == 0
@@ -191,19 +206,10 @@ def test_a_checkpoint_inside_an_accumulation_group_resumes_to_the_same_weights(
     batches, one step taken and the third batch's gradients summed, and the run is interrupted
     there. The resumed run stepped on the group's second batch alone, and every later weight
     moved; it now goes on from the saved sums and ends as the uninterrupted run."""
-    from nmt.training import TranslationModule
-
     cadence = ["trainer.accumulate_grad_batches=2", "trainer.val_check_interval=3"]
     straight_run, cut = tmp_path / "straight", tmp_path / "cut"
     assert main(args(corpus, straight_run, *cadence)) == 0
-    start = TranslationModule.on_train_batch_start
-
-    def interrupted_at_the_fourth_batch(self, batch, batch_idx):
-        if self.current_epoch == 0 and batch_idx == 3:
-            raise KeyboardInterrupt
-        return start(self, batch, batch_idx)
-
-    monkeypatch.setattr(TranslationModule, "on_train_batch_start", interrupted_at_the_fourth_batch)
+    interrupt_at(monkeypatch, epoch=0, batch=3)
     assert main(args(corpus, cut, *cadence)) == 130
     monkeypatch.undo()
     stopped = checkpoint(cut)
@@ -241,19 +247,10 @@ def test_a_finished_run_trained_on_and_interrupted_is_not_finished(corpus, strai
     """A finished run resumed with more epochs and stopped before it ends has no train_stats.json:
     its figures were of the earlier end (steps, best score, weights chosen), and ``nmt compare``
     takes the file as the run finished, so it recorded the cell from the unfinished run."""
-    from nmt.training import TranslationModule
-
     run = tmp_path / "run"
     shutil.copytree(straight_dir, run)
     assert json.loads((run / "train_stats.json").read_text())["steps"] == 8
-    start = TranslationModule.on_train_batch_start
-
-    def interrupted_in_the_third_epoch(self, batch, batch_idx):
-        if self.current_epoch == 2 and batch_idx == 1:
-            raise KeyboardInterrupt
-        return start(self, batch, batch_idx)
-
-    monkeypatch.setattr(TranslationModule, "on_train_batch_start", interrupted_in_the_third_epoch)
+    interrupt_at(monkeypatch, epoch=2, batch=1)
     assert main(args(corpus, run, "trainer.max_epochs=3")) == 130
     monkeypatch.undo()
     assert not (run / "train_stats.json").exists()
