@@ -1291,3 +1291,16 @@ def test_translate_stopped_part_of_the_way_leaves_no_temporary_file(run, tmp_pat
     last = signal.SIGTERM if nohup else stop  # exits as the signal's default would
     assert process.returncode == 128 + last and err.endswith(f"stopped by {last.name}\n"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.de"]
+
+
+def test_a_command_run_from_another_thread_is_not_a_signal_error(tmp_path, capsys):
+    """main() called off the main thread (a GUI's or a server's worker): every command but
+    those with their own signal handling stopped with "ValueError: signal only works in main
+    thread", where the SIGTERM handler of sigterm_as_interrupt was set; it runs without one."""
+    codes, handler = [], signal.getsignal(signal.SIGTERM)
+    worker = threading.Thread(target=lambda: codes.append(
+        main(["evaluate", "--checkpoint", str(tmp_path / "nowhere")])))
+    worker.start()
+    worker.join()
+    assert codes == [1] and capsys.readouterr().err.startswith("error: ")
+    assert signal.getsignal(signal.SIGTERM) is handler  # the main thread's, untouched

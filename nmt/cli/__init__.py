@@ -14,6 +14,7 @@ import io
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
@@ -55,18 +56,22 @@ def parser() -> argparse.ArgumentParser:
         add_command(sub)
     return top
 
+
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM and SIGHUP (its terminal closed) raise ``Stopped``, an interrupt as Ctrl-C's,
     while the block runs: what a command was writing (``atomic_path``: a translation, an
     evaluation, an average, an export, a prepared corpus) is then removed, where these
     signals' default left it for good. A signal the process ignores (``nohup``) stays
-    ignored."""
+    ignored. Off the main thread (``main`` called from another), where Python takes no
+    handler, the signals keep theirs: a ValueError stopped every such command."""
     def stop(signum: int, frame: object) -> None:
         raise Stopped(signum)
 
+    settable = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)
-                if signal.getsignal(sig) is not signal.SIG_IGN}  # nohup's: outlive the terminal
+                if settable  # Python sets handlers in the main thread alone
+                and signal.getsignal(sig) is not signal.SIG_IGN}  # nohup's: outlive the terminal
     try:
         yield
     finally:
