@@ -118,19 +118,25 @@ def _train_stage(config: Config, steps: int, spawned_at: float, results) -> None
 
 def _in_fresh_process(target, *args) -> dict:
     """``target(*args, results)`` in a new process; what it puts on ``results``. A process that
-    dies first (its error is on stderr) is a one-line error, not a wait without end."""
+    dies first (its error is on stderr) is a one-line error, not a wait without end; one still
+    running when this one is stopped (Ctrl-C, SIGTERM) is stopped with it."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     process = context.Process(target=_stage, args=(target, args, results))
     process.start()
-    while True:
-        try:
-            out = results.get(timeout=1.0)
-            break
-        except queue.Empty:
-            if not process.is_alive() and results.empty():  # it may have put, then ended
-                raise NMTError(f"the {target.__name__.strip('_')} process failed "
-                               f"(exit {process.exitcode}); its error is above") from None
+    try:
+        while True:
+            try:
+                out = results.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not process.is_alive() and results.empty():  # it may have put, then ended
+                    raise NMTError(f"the {target.__name__.strip('_')} process failed "
+                                   f"(exit {process.exitcode}); its error is above") from None
+    except BaseException:  # stopped meanwhile: not left running on alone, into a removed folder
+        process.terminate()
+        process.join()
+        raise
     process.join()
     if "error" in out:
         raise NMTError(out["error"])

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -14,7 +18,7 @@ from nmt.cli import main
 from nmt.plots import check_picture_path
 from nmt.translator import Translator
 
-from .conftest import tiny_options, tiny_train_args, write_corpus
+from .conftest import REPO, tiny_options, tiny_train_args, write_corpus
 
 
 def last_json(out: str) -> dict:
@@ -323,6 +327,36 @@ def test_bench_data_leaves_no_prepared_folder_behind(tmp_path, capsys):
                  *options]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["prepare_s"] >= 0
     assert sorted(path.name for path in (tmp_path / "b").iterdir()) == ["corpus"]
+
+
+def test_bench_data_stopped_by_sigterm_leaves_no_prepared_folder_or_stage(tmp_path):
+    """SIGTERM (kill, a scheduler) killed the command outright: its temporary prepared folder
+    stayed under --dir, and the stage's process (preparing, or training) ran on alone into it.
+    As on Ctrl-C, the stage is now stopped and the folder removed; exit 143."""
+    options = ["data.vocab_size=100", "model.d_model=32", "model.heads=2", "model.ff_dim=64",
+               "model.encoder_layers=1", "model.decoder_layers=1", "trainer.precision=32-true"]
+    folder = tmp_path / "b"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nmt", "bench", "data", "--pairs", "60", "--steps", "1", "--dir",
+         str(folder), *options], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGTERM,
+                                                                            signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while not list(folder.glob("data.*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)  # while the temporary folder is there
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err.endswith("stopped by SIGTERM\n"), err
+    assert sorted(path.name for path in folder.iterdir()) == ["corpus"]
+    for _ in range(100):  # its stage (and multiprocessing's resource tracker) gone with it
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("a process of the bench outlived it")
 
 
 def test_bench_train_counts_the_flops_of_a_family_without_its_own_count(toy_registries, tmp_path,

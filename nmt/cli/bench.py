@@ -79,7 +79,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> None:
 def add_bench_data(what: argparse._SubParsersAction) -> None:
     bench_data = what.add_parser("data", help="prepare and training start-up on a synthetic "
                                  "corpus of N pairs", epilog="Config keys: --section.key VALUE.")
-    bench_data.set_defaults(run_command=cmd_bench_data, takes_overrides=True, own_signals=True)
+    bench_data.set_defaults(run_command=cmd_bench_data, takes_overrides=True)
     bench_data.add_argument("--pairs", type=positive_int, default=100_000)
     bench_data.add_argument("--config", default="configs/transformer.yaml")
     bench_data.add_argument("--steps", type=positive_int, default=5, help="timed training steps")
