@@ -309,14 +309,17 @@ def hold(lock: IO[str], run_dir: Path) -> None:
 
 
 @contextmanager
-def run_lock(run_dir: Path) -> Iterator[None]:
+def run_lock(run_dir: Path, processes: int = 1) -> Iterator[None]:
     """Hold ``run_dir`` for one training at a time: a second ``nmt train`` into it (a run
     started twice, a compare run again while an orphaned cell trains on) is a one-line error
     naming the process at it, not two processes writing the same checkpoints. The lock goes
-    with the process however that ends. Only the run's first process takes it (a DDP launcher
-    runs the same command again for the other ranks). A directory made here that ends holding
-    nothing but the lock (a start that failed) is removed again, with the folders made for it."""
-    if not first_process():
+    with the process however that ends. Of a run Lightning trains in several ``processes``
+    only the first takes it (a DDP launcher runs the same command again for the other ranks);
+    processes a launcher started that Lightning sees one by one (mpirun without mpi4py; a
+    sweep, ``--run-dir r$SLURM_PROCID``) each take their own, so two never train one run
+    directory. A directory made here that ends holding nothing but the lock (a start that
+    failed) is removed again, with the folders made for it."""
+    if processes > 1 and not first_process():
         yield
         return
     made = [folder for folder in (run_dir, *run_dir.parents) if not folder.exists()]

@@ -6,7 +6,6 @@ same training steps without validation, checkpoints or logs, for the benchmarks.
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,7 +39,6 @@ from nmt.precision import (
     probe_shapes,
     resolve_precision,
 )
-from nmt.resume import RANK_VARIABLES
 
 # trainer.best_metric -> its better direction. val_loss is the cross-entropy of the references
 # (no label smoothing), as fairseq and Marian select by default; val_bleu is greedy BLEU,
@@ -240,41 +238,19 @@ def lightnings_info_silenced() -> Iterator[None]:
         log.setLevel(level)
 
 
-def check_device_options(config: Config) -> None:
+def check_device_options(config: Config) -> int:
     """Lightning's checks of trainer.accelerator, devices, num_nodes and strategy, and
-    ``check_launcher``'s, on a Trainer of these options alone (milliseconds): before the
-    precision probe, whose wait and line came first where the Trainer of the run refused one.
-    Its report of the devices is silenced; the run's Trainer gives it."""
+    ``check_launcher``'s, on a Trainer of these options alone (milliseconds): before the run's
+    lock and the precision probe, whose wait and line came first where the Trainer of the run
+    refused one. Its report of the devices is silenced; the run's Trainer gives it. Returns
+    the processes Lightning trains the run in (``world_size``)."""
     t = config.trainer
     with lightnings_option_errors(), lightnings_info_silenced():
         trainer = L.Trainer(accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
                             strategy=t.strategy, logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False)
     check_launcher(trainer, t.strategy)
-    check_unseen_launcher(trainer)
-
-
-# The number of processes a launcher started, beside its rank variables (RANK_VARIABLES)
-SIZE_VARIABLES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "JSM_NAMESPACE_SIZE")
-
-
-def check_unseen_launcher(trainer: L.Trainer) -> None:
-    """A one-line error where a launcher started several processes of this command but
-    Lightning trains in one: under ``mpirun`` without mpi4py each process trained the whole run
-    alone, all into the same run directory, all but the first past its lock (``run_lock``
-    leaves a multi-process run's directory to its first process)."""
-    if trainer.world_size > 1:
-        return
-    ranks = [name for name in RANK_VARIABLES if os.environ.get(name, "0") != "0"]
-    sizes = [name for name in SIZE_VARIABLES if os.environ.get(name, "1") not in ("0", "1")]
-    if not ranks and not sizes:
-        return
-    said = ", ".join(f"{name}={os.environ[name]}" for name in ranks + sizes)
-    mpi = any(name.startswith(("OMPI_", "PMI")) for name in ranks + sizes)
-    hint = "; under mpirun Lightning needs mpi4py to see them: pip install mpi4py" if mpi else ""
-    raise NMTError(f"this process is one of several a launcher started ({said}), but would train "
-                   f"alone into the run directory they share{hint}; set trainer.devices and "
-                   "trainer.num_nodes to the processes started, or start one")
+    return trainer.world_size
 
 
 def check_launcher(trainer: L.Trainer, strategy: str) -> None:
@@ -306,7 +282,6 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     once its device options have passed Lightning's checks and ours."""
     t = config.trainer
     quiet_lightning_noise()
-    check_device_options(config)
     precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
     once_per_epoch = isinstance(t.val_check_interval, float) and t.val_check_interval == 1.0
     callbacks = training_callbacks(config, run_dir)

@@ -63,7 +63,7 @@ from nmt.resume import (
 )
 from nmt.schedules import SCHEDULERS, SCHEDULES, steps_per_epoch
 from nmt.search import greedy_search
-from nmt.trainer import BEST_METRICS, build_trainer, max_time
+from nmt.trainer import BEST_METRICS, build_trainer, check_device_options, max_time
 from nmt.translator import decoding_options
 
 
@@ -429,7 +429,8 @@ def train(config: Config) -> Path:
     run_dir = run_dir_of(config)
     if run_dir.exists() and not run_dir.is_dir():
         raise NMTError(f"--run-dir {run_dir} is a file; name a folder")
-    with run_lock(run_dir):
+    processes = check_device_options(config)  # Lightning's checks, before anything is written
+    with run_lock(run_dir, processes):
         train_into(config, run_dir)
     return run_dir
 
@@ -442,7 +443,7 @@ def train_into(config: Config, run_dir: Path) -> None:
     # A local corpus that is missing: one line, before the Trainer's; a Hub corpus is looked
     # up with the data, after Lightning has checked its options
     local_sources(config.data)
-    trainer = build_trainer(config, run_dir)  # Lightning checks its own options here
+    trainer = build_trainer(config, run_dir)  # Lightning checks the rest of its options here
     data = prepare_data(config.data)
     references = list(data.text["val"]["tgt"])
     if not references:  # else it fails at the first validation, after training

@@ -688,7 +688,9 @@ def test_the_other_ranks_of_every_launcher_run_without_the_lock(tmp_path, monkey
     """The run's first process holds the lock; the others run the same command and must not
     take it. Under mpirun (Lightning's MPI environment; with mpi4py) and LSF's jsrun, whose
     ranks set none of LOCAL_RANK, NODE_RANK, RANK or SLURM_PROCID, rank 1 stopped with 'being
-    trained by another process', and the run with it."""
+    trained by another process', and the run with it. Where Lightning sees each process alone
+    (mpirun without mpi4py, a sweep of srun tasks), each takes the lock of its own run
+    directory: rank 1 trained past it into the directory rank 0 held, each the whole run."""
     from nmt.resume import RANK_VARIABLES, run_lock
 
     run_dir = tmp_path / "run"
@@ -705,8 +707,13 @@ def test_the_other_ranks_of_every_launcher_run_without_the_lock(tmp_path, monkey
         for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "JSM_NAMESPACE_RANK"):
             with monkeypatch.context() as env:
                 env.setenv(name, "1")
-                with run_lock(run_dir):  # rank 1 of an MPI or LSF run: no error
+                with run_lock(run_dir, processes=2):  # rank 1 of an MPI or LSF run: no error
                     pass
+                with pytest.raises(NMTError, match="being trained by another process"):
+                    with run_lock(run_dir):  # ... that Lightning sees alone: refused
+                        pass
+                with run_lock(tmp_path / f"own_{name}"):  # a sweep's own run directory
+                    assert (tmp_path / f"own_{name}" / ".lock").is_file()
         with pytest.raises(NMTError, match="being trained by another process"):
             with run_lock(run_dir):  # a second run's first process: refused, as before
                 pass
@@ -715,24 +722,15 @@ def test_the_other_ranks_of_every_launcher_run_without_the_lock(tmp_path, monkey
         holder.wait()
 
 
-@pytest.mark.parametrize("environment, mpi", [
-    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, True),  # mpirun's second
-    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, True),  # ... and its first
-    ({"PMI_RANK": "1"}, True),  # MPICH's
-    ({"SLURM_PROCID": "1"}, False),
-])
-def test_processes_of_a_launcher_lightning_does_not_see_are_refused(corpus, tmp_path, monkeypatch,
-                                                                   capsys, environment, mpi):
-    """mpirun without mpi4py: Lightning saw one process in each, and each trained the whole run
-    into the same directory, the second past the lock it leaves to a run's first process."""
-    for name, value in environment.items():
-        monkeypatch.setenv(name, value)
-    assert main(args(corpus, tmp_path / "run")) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("error: this process is one of several a launcher started (") \
-        and err.count("\n") == 1, err
-    assert ("pip install mpi4py" in err) == mpi
-    assert not (tmp_path / "run").exists()
+def test_a_launchers_process_that_lightning_sees_alone_trains_its_own_run(corpus, tmp_path,
+                                                                         monkeypatch):
+    """A sweep, each process of mpirun (here without mpi4py, so Lightning sees one process)
+    training its own run: it trains, holding that run's lock (a second process there is
+    refused, test_the_other_ranks_of_every_launcher_run_without_the_lock)."""
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    assert main(args(corpus, tmp_path / "r1", "trainer.max_steps=1")) == 0
+    assert json.loads((tmp_path / "r1" / "train_stats.json").read_text())["steps"] == 1
 
 
 def test_resume_with_fewer_epochs_than_trained_trains_nothing_and_says_so(tmp_path, capsys):
