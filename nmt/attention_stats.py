@@ -44,13 +44,17 @@ def attention_key_size(model_cfg: dict) -> int:
     """The size of the keys (and queries) the model's cross-attention scores, d_k: d_model /
     heads in a Transformer, hidden_size in the RNN, and whatever a new family's scorer is built
     with; read from the model of the config section, built on the meta device (shapes only),
-    so that no family's option names are needed. A config no family builds is an NMTError."""
+    so that no family's option names are needed. A config no family builds, or whose model
+    attends to nothing, is an NMTError."""
     from nmt.models import build_model  # late: the models are not needed for the statistics
 
     with torch.device("meta"):
         model = build_model(model_cfg, vocab_size=8)  # any vocabulary: its size is not d_k's
-    return next(module.key_dim for name, module in model.named_modules()
-                if isinstance(module, Scorer) and attention_kind(name) == "cross")
+    sizes = [module.key_dim for name, module in model.named_modules()
+             if isinstance(module, Scorer) and attention_kind(name) == "cross"]
+    if not sizes:  # a family may attend to nothing: no statistics, no d_k to table
+        raise NMTError(f"model family '{model_cfg.get('family')}' has no cross-attention scorer")
+    return sizes[0]
 
 
 class AttentionRecorder:

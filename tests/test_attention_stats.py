@@ -273,3 +273,20 @@ def test_a_long_line_draws_a_picture_of_bounded_size_with_its_own_labels(monkeyp
     assert [t.get_text() for t in saved[-1].axes[0].get_xticklabels()] == src[:4]
     assert saved[-1].axes[0].get_title() == "short"
     plots.plt.close(saved[-1])
+
+
+def test_the_key_size_of_a_family_without_cross_attention_is_one_line(monkeypatch):
+    """A family may attend to nothing: its d_k was a StopIteration traceback, not an error."""
+    from nmt import models
+    from nmt.attention_stats import attention_key_size
+
+    class Plain(torch.nn.Module):
+        def __init__(self, vocab_size: int, dim: int = 4):
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab_size, dim)
+
+        encode = init_state = decode_step = set_dropout = lambda self, *args: None
+
+    monkeypatch.setitem(models.MODELS, "plain", Plain)
+    with pytest.raises(NMTError, match="^model family 'plain' has no cross-attention scorer$"):
+        attention_key_size({"family": "plain"})
