@@ -136,8 +136,9 @@ def budget_ended(run_dir: Path, checkpoint: dict, max_steps: int, max_epochs: in
                  ) -> tuple[str, str] | None:
     """The budget the run of ``checkpoint`` finished, ("--max-epochs", "2 epochs") or
     ("--trainer.max_steps", "8 updates"), where the same or less is given again: its
-    train_stats.json is of that end, written at its last update. Else None. Such a run trained nothing again,
-    but logged an empty version and chose its weights anew."""
+    train_stats.json is of that end, written at its last update (a run written before it
+    counted ``steps_per_epoch`` is left to Lightning). Else None. Such a run trained nothing
+    again, but logged an empty version and chose its weights anew."""
     try:
         stats = json.loads((run_dir / "train_stats.json").read_text())
     except (OSError, ValueError):  # unfinished (resuming removes it), or unreadable
@@ -146,9 +147,9 @@ def budget_ended(run_dir: Path, checkpoint: dict, max_steps: int, max_epochs: in
         return None
     if 0 < max_steps <= stats["steps"]:
         return "--trainer.max_steps", f"{stats['steps']:,} updates"
-    epochs = stats.get("epochs")
-    if isinstance(epochs, int | float) and 0 < max_epochs <= epochs:
-        return "--max-epochs", f"{epochs:g} epochs"
+    per_epoch = stats.get("steps_per_epoch")  # exact, where "epochs" is rounded (2.996: 3.0)
+    if type(per_epoch) is int and 0 < max_epochs and stats["steps"] >= max_epochs * per_epoch:
+        return "--max-epochs", f"{stats['epochs']:g} epochs"
     return None
 
 

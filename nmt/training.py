@@ -606,6 +606,7 @@ def write_train_stats(run_dir: Path, totals: dict, module: TranslationModule, tr
         "tgt_tok_per_s": round(totals["tgt_tokens"] / max(totals["step_seconds"], 1e-9), 1),
         "steps": trainer.global_step,
         "epochs": round(trainer.global_step / per_epoch, 2) if math.isfinite(per_epoch) else None,
+        "steps_per_epoch": per_epoch if math.isfinite(per_epoch) else None,
         "parameters": sum(p.numel() for p in module.model.parameters()),
         "peak_rss_mb": round(peak_memory_mb(), 1),
         f"best_{metric}": round(float(best), 4) if best is not None else None,

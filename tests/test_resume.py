@@ -770,6 +770,13 @@ def test_the_command_of_a_finished_run_again_trains_nothing_and_says_so(corpus, 
     assert "the run has finished its --trainer.max_steps (3 updates, to update 3)" in capsys.readouterr().out
     assert main(args(corpus, steps, "trainer.max_steps=5")) == 0
     assert json.loads((steps / "train_stats.json").read_text())["steps"] == 5
+    # "epochs" is rounded: 1,999 updates of 2 epochs of 1,000 read 2.0 (here 7 of 8, written so)
+    assert main(args(corpus, steps, "trainer.max_steps=7")) == 0
+    stats = json.loads((steps / "train_stats.json").read_text())
+    assert stats["steps_per_epoch"] == 4
+    (steps / "train_stats.json").write_text(json.dumps({**stats, "epochs": 2.0}))
+    assert main(args(corpus, steps)) == 0  # --max-epochs 2: the last update is left to train
+    assert json.loads((steps / "train_stats.json").read_text())["steps"] == 8
 
 
 def test_a_resumed_run_logs_each_update_once(corpus, tmp_path, monkeypatch):
