@@ -372,3 +372,28 @@ def test_bench_train_counts_the_flops_of_a_family_without_its_own_count(toy_regi
     summary = last_json(capsys.readouterr().out)
     assert summary["model"] == "toy" and summary["mfu"] > 0  # (its GFLOP per token reads 0.0)
     assert summary["attention"] == "toy_cosine"  # the family's default: the config names none
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn"])
+def test_torchs_flop_count_of_a_forward_pass_matches_the_familys_own(family):
+    """The count bench train takes for a family without ``forward_flops`` (torch's counter of
+    a forward pass) is the shipped families' own, but for the additive scorer's elementwise
+    (T, S, A) work, which counts no matmul: measured on dot-product attention here."""
+    from nmt.bench import forward_flops
+    from nmt.data.tokenizer import PAD
+
+    from .conftest import tiny_model
+
+    model = tiny_model(family, "scaled_dot" if family == "transformer" else "dot", vocab=30)
+
+    class Unnamed(torch.nn.Module):  # the same model, without its own count
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, *inputs):
+            return self.inner(*inputs)
+
+    src, tgt_in = torch.randint(4, 30, (3, 7)), torch.randint(4, 30, (3, 5))
+    src[0, 5:] = PAD  # counted by both, as the matmuls compute it
+    assert forward_flops(Unnamed(), src, tgt_in) == model.forward_flops(src, tgt_in) > 0

@@ -195,7 +195,6 @@ def test_a_build_killed_part_of_the_way_is_removed_by_the_next(tmp_path):
     assert not abandoned.exists() and running.is_dir() and other_host.is_dir()
 
 
-
 def test_two_preparations_of_one_folder_take_turns(tmp_path, monkeypatch):
     """Two processes preparing the same folder at once (two trainings started together,
     compare --jobs) each built it whole, side by side: three times the time of one on a large
@@ -227,6 +226,7 @@ def test_two_preparations_of_one_folder_take_turns(tmp_path, monkeypatch):
     folder = prepare(cfg)
     second.join()
     assert len(builds) == 1 and found == [folder] and (folder / "meta.json").is_file()
+
 
 def _local_layout(folder, files) -> DataConfig:
     """The write_corpus files as a local corpus folder data_dir/toy/{train,val}.{de,en}."""

@@ -784,16 +784,7 @@ def test_a_resumed_run_logs_each_update_once(corpus, tmp_path, monkeypatch):
     takes and logs them again in its own version. The earlier version's rows of those updates
     are dropped, as are those of a start that left no checkpoint: the versions together hold
     each update's training row once, and every validation's once."""
-    from nmt.training import TranslationModule
-
-    start = TranslationModule.on_train_batch_start
-
-    def interrupted_at_the_sixth_batch(self, batch, batch_idx):
-        if self.current_epoch == 1 and batch_idx == 1:  # 4 batches an epoch
-            raise KeyboardInterrupt
-        return start(self, batch, batch_idx)
-
-    monkeypatch.setattr(TranslationModule, "on_train_batch_start", interrupted_at_the_sixth_batch)
+    interrupt_at(monkeypatch, epoch=1, batch=1)  # the sixth batch: 4 batches an epoch
     # a start stopped before its first checkpoint: the next start is a new run
     assert main(args(corpus, tmp_path, "trainer.val_check_interval=7")) == 130
     assert not (tmp_path / "last.ckpt").exists()
