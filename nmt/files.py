@@ -26,14 +26,17 @@ SIGNATURES = {b"\x1f\x8b": "gzip-compressed", b"BZh": "bzip2-compressed",
               b"PK\x03\x04": "a zip archive", b"\xff\xfe": "UTF-16 text", b"\xfe\xff": "UTF-16 text"}
 
 
-def what_it_is(head: bytes) -> str:
-    """``"; it is xz-compressed: ..."``, what the first bytes of a file that is not UTF-8 say
-    it is and what to do, for its error message; ``""`` where they say nothing."""
+def what_it_is(head: bytes, stdin: bool = False) -> str:
+    """``"; it is xz-compressed: ..."``, what the first bytes of a file (or of ``stdin``) that
+    is not UTF-8 say it is and what to do, for its error message; ``""`` where they say
+    nothing."""
     kind = next((kind for sign, kind in SIGNATURES.items() if head.startswith(sign)), None)
     if kind is None:
         return ""
     if kind.startswith("UTF-16"):
         return f"; it is {kind}: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)"
+    if stdin:  # no name to give: decompressed on its way in
+        return f"; it is {kind}: decompress it into the pipe (zcat, xzcat, bzcat, zstdcat)"
     if kind.startswith("gzip"):  # read as such by its name only
         return f"; it is {kind}: give it a name ending in .gz to have it read, or decompress it"
     return f"; it is {kind}, which is not read: decompress it, or gzip it (.gz files are read)"

@@ -1259,6 +1259,7 @@ def test_translate_writes_an_output_named_gz_gzipped(run, tmp_path, capsys):
                  "--output", str(out)]) == 0
     assert gzip.decompress(out.read_bytes()).decode() == expected
     assert out.read_bytes()[10:17] == b"out.en\0"  # the header's name, not the temporary file's
+    assert out.read_bytes()[4:8] == b"\0\0\0\0"  # and no time: the same output, the same bytes
     assert main(["translate", "--checkpoint", str(run), "--input", str(out), "--beam", "1"]) == 0
 
 

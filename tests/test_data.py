@@ -437,21 +437,31 @@ def test_invalid_utf8_past_the_first_chunk_names_its_byte_in_the_line(tmp_path, 
 TEXT = "ein Hund läuft\nzwei Katzen\n"
 
 
-@pytest.mark.parametrize("name,content,what", [
-    ("train.de.xz", lzma.compress(TEXT.encode()), "it is xz-compressed, which is not read"),
-    ("train.de.bz2", bz2.compress(TEXT.encode()), "it is bzip2-compressed, which is not read"),
-    ("train.de", gzip.compress(TEXT.encode()), "it is gzip-compressed: give it a name ending in .gz"),
-    ("train.de", TEXT.encode("utf-16"), "it is UTF-16 text: convert it to UTF-8"),
+PIPED = "decompress it into the pipe"  # stdin has no name to give
+
+
+@pytest.mark.parametrize("name,content,what,piped", [
+    ("train.de.xz", lzma.compress(TEXT.encode()), "it is xz-compressed, which is not read",
+     f"it is xz-compressed: {PIPED}"),
+    ("train.de.bz2", bz2.compress(TEXT.encode()), "it is bzip2-compressed, which is not read",
+     f"it is bzip2-compressed: {PIPED}"),
+    ("train.de", gzip.compress(TEXT.encode()), "it is gzip-compressed: give it a name ending in .gz",
+     f"it is gzip-compressed: {PIPED}"),
+    ("train.de", TEXT.encode("utf-16"), "it is UTF-16 text: convert it to UTF-8",
+     "it is UTF-16 text: convert it to UTF-8"),
 ], ids=["xz", "bz2", "gzip without .gz", "utf-16"])
-def test_a_file_that_is_not_utf8_text_is_named_for_what_it_is(tmp_path, name, content, what):
+def test_a_file_that_is_not_utf8_text_is_named_for_what_it_is(tmp_path, name, content, what, piped):
     """A corpus downloaded compressed (WMT's and OPUS's come as .xz, .bz2 or .gz) or saved as
-    UTF-16 was only "line 1: not valid UTF-8 (byte 0 of the line)"; translate's input too."""
+    UTF-16 was only "line 1: not valid UTF-8 (byte 0 of the line)"; translate's input too
+    (which, from stdin, has no name to give it)."""
     (tmp_path / name).write_bytes(content)
     (tmp_path / "train.en").write_text(TEXT)
     with pytest.raises(NMTError, match=r"line 1: not valid UTF-8 \(byte \d+ of the line\); " + what):
         _read_all(tmp_path / name, tmp_path / "train.en")
-    with pytest.raises(NMTError, match=r"^stdin, line 1: .*; " + what):
+    with pytest.raises(NMTError, match=r"^stdin, line 1: .*; " + piped):
         list(input_chunks(io.BytesIO(content), 10))
+    with pytest.raises(NMTError, match=f"^{name}, line 1: .*; " + what):  # translate --input
+        list(input_chunks(io.BytesIO(content), 10, name))
 
 
 def test_crlf_line_ends_and_counts(tmp_path):

@@ -123,7 +123,7 @@ def input_chunks(stream: BinaryIO, size: int, name: str = "stdin") -> Iterator[l
             try:
                 chunk.append(raw.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8"))
             except UnicodeDecodeError as err:
-                hint = what_it_is(raw) if number == 1 else ""
+                hint = what_it_is(raw, stdin=name == "stdin") if number == 1 else ""
                 raise NMTError(f"{name}, line {number}: not valid UTF-8 "
                                f"(byte {err.start} of the line){hint}") from None
             if len(chunk) == size:
@@ -165,8 +165,10 @@ def output_writer(path: str | None) -> Iterator[Callable[[str], object]]:
         return
     with atomic_path(path) as tmp, open(tmp, "wb") as raw:
         # a .gz name is written gzipped, as --input reads it (a plain text so named was then
-        # refused as a damaged gzip file); its header names the file, not the temporary one
-        binary = gzip.GzipFile(Path(path).name, "wb", fileobj=raw) if path.endswith(".gz") else raw
+        # refused as a damaged gzip file); its header names the file, not the temporary one,
+        # and no time (mtime 0, as gzip -n): the same translations give the same bytes
+        binary = gzip.GzipFile(Path(path).name, "wb", fileobj=raw, mtime=0) \
+            if path.endswith(".gz") else raw
         with io.TextIOWrapper(binary, encoding="utf-8") as out:
             yield out.write
 
