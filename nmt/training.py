@@ -550,7 +550,8 @@ def check_batches_per_process(datamodule: TranslationDataModule, config: Config,
                               processes: int) -> None:
     """One-line errors, before the run directory is made, where a process would have no
     training batch: no pair left (``training_pairs_note``), or fewer batches than processes
-    (each trains on its own share of the batches, of which a whole number each is kept)."""
+    (each trains on its own share of the batches, of which a whole number each is kept); or
+    no validation sentence (each decodes every processes-th one)."""
     if len(datamodule.train_set) == 0:
         why = training_pairs_note(datamodule.data, config.data.max_len) or "the training split is empty"
         raise NMTError(f"no training pair is left to train on: {why}")
@@ -561,6 +562,10 @@ def check_batches_per_process(datamodule: TranslationDataModule, config: Config,
                        f"{config.data.max_tokens}, fewer than the {processes} processes, each of "
                        "which trains on batches of its own: lower data.max_tokens, or train on "
                        "fewer devices")
+    if len(datamodule.val_set) < processes:  # Lightning stops a process with no validation batch
+        raise NMTError(f"the validation split has {len(datamodule.val_set)} pair(s), fewer than the "
+                       f"{processes} processes, each of which validates on sentences of its own: "
+                       "validate on more pairs, or train on fewer devices")
 
 
 def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDataModule,

@@ -825,6 +825,22 @@ def test_fewer_training_batches_than_processes_are_refused(tmp_path):
         check_batches_per_process(module, config, 2)
 
 
+def test_fewer_validation_pairs_than_processes_are_refused(tmp_path):
+    """Each process validates on every world_size-th sentence: 3 validation pairs left a
+    fourth process none, and Lightning stopped it with a traceback ("`DataLoader` within local
+    rank has zero length"), the run directory already written. Called as for 3 and 4 processes."""
+    from nmt.training import check_batches_per_process
+
+    files = write_corpus(tmp_path, sizes=(("train", 30), ("val", 3)))
+    config = load_config("configs/transformer.yaml", [
+        f"data.train_files=[{','.join(files['train'])}]", f"data.val_files=[{','.join(files['val'])}]",
+        f"data.data_dir={tmp_path / 'data'}", "data.vocab_size=60", "data.max_tokens=60"])
+    module = TranslationDataModule(prepare_data(config.data), config.data, 0, 512)
+    check_batches_per_process(module, config, 3)
+    with pytest.raises(NMTError, match="the validation split has 3 pair.s., fewer than the 4 processes"):
+        check_batches_per_process(module, config, 4)
+
+
 @pytest.mark.parametrize("damage", ["truncated ids", "meta.json", "meta.json gone", "lengths"])
 def test_a_damaged_prepared_corpus_is_named_in_one_line(tmp_path, damage):
     """Prepared folders are written whole, so damage came later (a disk, a person): an index
