@@ -807,38 +807,30 @@ def test_ranks_waiting_for_the_data_stop_with_local_rank_0s_error(tmp_path, monk
         prepare(cfg)
 
 
-def test_fewer_training_batches_than_processes_are_refused(tmp_path):
-    """Under DDP each process trains on a whole number of batches of its own: 30 short pairs
-    in one batch of 2,000 tokens leave a second process none (it ended in a ZeroDivisionError
-    after fit, with the checkpoints of an untrained model written). ``train`` makes this
-    check before the run directory is made; here it is called as for two processes."""
+@pytest.mark.parametrize("val_pairs, max_tokens, fits, refused, message", [
+    # 30 short pairs in one batch of 2,000 tokens leave a second process no training batch (it
+    # ended in a ZeroDivisionError after fit, with the checkpoints of an untrained model written)
+    (5, 2000, 1, 2,
+     "the training pairs make 1 batch.es. of data.max_tokens 2000, fewer than the 2 processes"),
+    # each process validates on every world_size-th sentence: 3 left a fourth none, and Lightning
+    # stopped it with a traceback ("`DataLoader` within local rank has zero length")
+    (3, 60, 3, 4, "the validation split has 3 pair.s., fewer than the 4 processes"),
+])
+def test_a_process_without_batches_of_its_own_is_refused(tmp_path, val_pairs, max_tokens, fits,
+                                                         refused, message):
+    """Under DDP each process trains on a whole number of batches of its own and validates on
+    sentences of its own. ``train`` makes this check before the run directory is made; here
+    it is called as for ``fits`` and ``refused`` processes."""
     from nmt.training import check_batches_per_process
 
-    files = write_corpus(tmp_path, sizes=(("train", 30), ("val", 5)))
+    files = write_corpus(tmp_path, sizes=(("train", 30), ("val", val_pairs)))
     config = load_config("configs/transformer.yaml", [
         f"data.train_files=[{','.join(files['train'])}]", f"data.val_files=[{','.join(files['val'])}]",
-        f"data.data_dir={tmp_path / 'data'}", "data.vocab_size=60", "data.max_tokens=2000"])
+        f"data.data_dir={tmp_path / 'data'}", "data.vocab_size=60", f"data.max_tokens={max_tokens}"])
     module = TranslationDataModule(prepare_data(config.data), config.data, 0, 512)
-    check_batches_per_process(module, config, 1)
-    with pytest.raises(NMTError, match="the training pairs make 1 batch.es. of data.max_tokens 2000, "
-                                       "fewer than the 2 processes"):
-        check_batches_per_process(module, config, 2)
-
-
-def test_fewer_validation_pairs_than_processes_are_refused(tmp_path):
-    """Each process validates on every world_size-th sentence: 3 validation pairs left a
-    fourth process none, and Lightning stopped it with a traceback ("`DataLoader` within local
-    rank has zero length"), the run directory already written. Called as for 3 and 4 processes."""
-    from nmt.training import check_batches_per_process
-
-    files = write_corpus(tmp_path, sizes=(("train", 30), ("val", 3)))
-    config = load_config("configs/transformer.yaml", [
-        f"data.train_files=[{','.join(files['train'])}]", f"data.val_files=[{','.join(files['val'])}]",
-        f"data.data_dir={tmp_path / 'data'}", "data.vocab_size=60", "data.max_tokens=60"])
-    module = TranslationDataModule(prepare_data(config.data), config.data, 0, 512)
-    check_batches_per_process(module, config, 3)
-    with pytest.raises(NMTError, match="the validation split has 3 pair.s., fewer than the 4 processes"):
-        check_batches_per_process(module, config, 4)
+    check_batches_per_process(module, config, fits)
+    with pytest.raises(NMTError, match=message):
+        check_batches_per_process(module, config, refused)
 
 
 @pytest.mark.parametrize("damage", ["truncated ids", "meta.json", "meta.json gone", "lengths"])
