@@ -59,13 +59,17 @@ def current_records(cfg: CompareConfig, preset: str, out: Path, extra: list[str]
 
 def paired_bootstrap(baseline: list[str], systems: dict[str, list[str]], refs: list[str],
                      samples: int) -> dict[str, float]:
-    """p-value of each system's BLEU against the baseline (sacreBLEU's paired bootstrap)."""
-    if not systems:
-        return {}
-    named = [("baseline", baseline), *systems.items()]
-    test = PairedTest(named, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples, n_jobs=1)
-    _, results = test()
-    return {name: r.p_value for name, r in zip(results["System"][1:], results["BLEU"][1:])}
+    """p-value of each system's BLEU against the baseline (sacreBLEU's paired bootstrap). A
+    system that translates every sentence as the baseline does differs in nothing: 1.0, where
+    sacreBLEU's bootstrap gives its smallest p, 1 / (samples + 1), which reads as significant."""
+    p_values = {name: 1.0 for name, hyps in systems.items() if hyps == baseline}
+    named = [("baseline", baseline), *[(n, h) for n, h in systems.items() if n not in p_values]]
+    if len(named) > 1:
+        test = PairedTest(named, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples,
+                          n_jobs=1)
+        _, results = test()
+        p_values |= {name: r.p_value for name, r in zip(results["System"][1:], results["BLEU"][1:])}
+    return p_values
 
 
 def bootstrap_p_values(cfg: CompareConfig, records: dict[Cell, dict],

@@ -873,3 +873,16 @@ def test_p_values_of_seeds_other_than_1_to_n_name_their_seeds():
     row = {"is_baseline": False, "p_boot": [0.01, None], "seed_numbers": [2, 3]}
     assert _cell_text(row, "p_boot") == "seed 2: 0.01 / seed 3: -"
     assert _cell_text({**row, "seed_numbers": [1, 2]}, "p_boot") == "0.01 / -"
+
+
+def test_a_system_identical_to_its_baseline_is_not_significant():
+    """sacreBLEU's paired bootstrap gives a system that translates every sentence as the
+    baseline its smallest p, 1 / (samples + 1): 0.001 in the table, read as significant."""
+    from nmt.study_report import paired_bootstrap
+
+    refs = ["a dog runs in the snow .", "two men play football .", "a girl reads a book ."]
+    baseline = ["a dog runs in snow .", "two men play soccer .", "a girl reads a book ."]
+    other = ["a cat sits .", "two men play soccer .", "a girl reads ."]
+    found = paired_bootstrap(baseline, {"copy": list(baseline), "other": other}, refs, 100)
+    assert found["copy"] == 1.0
+    assert 0 < found["other"] < 1.0
