@@ -444,14 +444,23 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
             worker.terminate()
         raise
     except (EOFError, OSError):  # at LitServe's queues, which it shut down as its worker died
-        ended = [w.exitcode for w in getattr(server, "inference_workers", []) if w.exitcode]
-        if not ended:
+        death = worker_death(server)
+        if death is None:
             raise
-        raise NMTError(f"the inference worker died ({how_it_ended(ended[0])}), so the server "
-                       "stopped: start it again (in production, under a supervisor that "
-                       "restarts it)") from None
+        raise NMTError(f"the inference worker died ({death}), so the server stopped: start it "
+                       "again (in production, under a supervisor that restarts it)") from None
     finally:
         signal.signal(signal.SIGTERM, previous)  # for a caller in the same process
+
+
+def worker_death(server: object) -> str | None:
+    """How an inference worker of ``server`` (LitServe's) ended, in words, where one ended of
+    itself (killed by the out-of-memory killer, an error); None where none did. SIGTERM is
+    LitServe's own: it terminates the workers as it shuts down for any other reason, which an
+    error then was wrongly blamed on."""
+    ended = [worker.exitcode for worker in getattr(server, "inference_workers", [])
+             if worker.exitcode and worker.exitcode != -signal.SIGTERM]
+    return how_it_ended(ended[0]) if ended else None
 
 
 def how_it_ended(exitcode: int) -> str:

@@ -340,6 +340,24 @@ def inference_workers(process) -> list[int]:
     return pids
 
 
+@pytest.mark.parametrize("exitcodes, death", [
+    ([None], None),  # running
+    ([0], None),
+    ([-signal.SIGTERM], None),  # LitServe's own, at a shut-down for another reason
+    ([-signal.SIGTERM, -signal.SIGKILL], "killed by SIGKILL: out of memory?"),
+    ([1], "exit status 1"),
+])
+def test_a_worker_stopped_by_litserve_is_not_called_dead(exitcodes, death):
+    """Any error at LitServe's queues was blamed on a dead worker once a worker had a non-zero
+    exit code, also the SIGTERM LitServe sends its workers as it shuts down for another cause."""
+    from types import SimpleNamespace
+
+    from nmt.serve import worker_death
+
+    server = SimpleNamespace(inference_workers=[SimpleNamespace(exitcode=code) for code in exitcodes])
+    assert worker_death(server) == death
+
+
 def test_a_server_whose_worker_dies_stops_in_one_line(runs, tmp_path):
     """The inference worker killed (the OOM killer's SIGKILL): LitServe stops the server, whose
     status must say so to a supervisor (not 0), in one line (it was a traceback, EOFError)."""
