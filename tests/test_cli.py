@@ -966,7 +966,14 @@ def test_killed_run_resumes_to_the_same_weights(corpus, run):
     then finishes it with exactly the weights of the uninterrupted run."""
     folder, files = corpus
     run_dir = folder / "killed"
-    command = [sys.executable, "-m", "nmt", *tiny_train_args(files, run_dir, folder / "data", 2)]
+    # Each step slowed (its numbers unchanged): the tiny run's 4 updates of its second epoch
+    # took less than the 50 ms between two looks for the first checkpoint, and the kill came
+    # after the last one, leaving nothing to resume
+    slowed = ("import sys, time\nfrom nmt.training import TranslationModule\n"
+              "step = TranslationModule.training_step\n"
+              "TranslationModule.training_step = lambda *a: (time.sleep(0.2), step(*a))[1]\n"
+              "from nmt.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    command = [sys.executable, "-c", slowed, *tiny_train_args(files, run_dir, folder / "data", 2)]
     # Same thread count as this process, so float reductions run in the same order.
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
