@@ -279,7 +279,8 @@ def training_loggers(run_dir: Path, tensorboard: bool) -> list[Logger]:
 
 def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
     """The Trainer of a training run writing into ``run_dir``, in the precision chosen for it
-    once its device options have passed Lightning's checks and ours."""
+    once its device options have passed Lightning's checks and ours (``check_device_options``,
+    which ``train`` calls before the run's lock)."""
     t = config.trainer
     quiet_lightning_noise()
     precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
