@@ -157,14 +157,15 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     check_export_target(out)
     # fp32 as stored: nothing is decoded, so auto's timing probe would only cost seconds
     translator = Translator.from_run_dir(run_dir, "cpu", weights, precision="32-true")
+    beside = run_files(run_dir)
     # Written beside ``out`` and swapped in whole: a failed export (a full disk, Ctrl-C)
     # leaves an earlier export in ``out`` as it was.
     target = out.resolve()  # "." has no name to put beside
     new, old = (target.with_name(f".{target.name}.{what}{os.getpid()}") for what in ("new", "old"))
     try:
         RunConverter(translator).convert(str(new), quantization=quantization, force=True)
-        for name in BESIDE_THE_MODEL:
-            shutil.copy(run_dir / name, new / name)
+        for name, content in beside.items():
+            (new / name).write_bytes(content)
         if target.exists():  # replaced: its permissions kept (a private folder stays so)
             shutil.copymode(target, new)
             target.rename(old)
@@ -177,6 +178,19 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
         for folder in (new, old):
             shutil.rmtree(folder, ignore_errors=True)
     return out
+
+
+def run_files(run_dir: Path) -> dict[str, bytes]:
+    """The run's files an export carries beside the model (``BESIDE_THE_MODEL``), read before
+    anything is written: a file that cannot be read is named, where its copy's error was
+    reported as one writing --out."""
+    files = {}
+    for name in BESIDE_THE_MODEL:
+        try:
+            files[name] = (run_dir / name).read_bytes()
+        except OSError as err:
+            raise NMTError(f"cannot read {run_dir / name}: {err.strerror or err}") from None
+    return files
 
 
 def check_export_target(out: Path) -> None:

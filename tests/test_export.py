@@ -408,6 +408,26 @@ def test_an_export_that_cannot_be_written_names_its_out_folder(run, tmp_path, ca
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_run_file_that_cannot_be_read_is_named(run, tmp_path, capsys, monkeypatch):
+    """The run's spm.model gone once its model had loaded (removed meanwhile, a failing disk):
+    its copy beside the export failed as "cannot write OUT: No such file or directory", which
+    sent the user looking at --out."""
+    mine = tmp_path / "run"
+    shutil.copytree(run, mine, ignore=shutil.ignore_patterns("steps", "logs"))
+    load = Translator.from_run_dir
+
+    def load_then_lose(*args, **kwargs):
+        translator = load(*args, **kwargs)
+        (mine / "spm.model").unlink()
+        return translator
+
+    monkeypatch.setattr(export.Translator, "from_run_dir", load_then_lose)
+    out = tmp_path / "ct2"
+    assert main(["export", "--checkpoint", str(mine), "--out", str(out)]) == 1
+    assert capsys.readouterr().err == f"error: cannot read {mine / 'spm.model'}: No such file or directory\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
 def test_export_over_an_export_keeps_what_else_is_there(run, tmp_path, capsys):
     """A new export replaces the output folder whole: an earlier export is replaced only when
     it holds nothing but an export's files (an evaluation's eval/ would be lost)."""
