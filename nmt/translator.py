@@ -216,6 +216,8 @@ def load_weights(model: torch.nn.Module, path: Path, device: torch.device | str,
                                 mmap=mapped and zipfile.is_zipfile(path))
         state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
         model.load_state_dict(state, assign=mapped)
+    except OSError as err:  # not the file's fault (no read permission, a failing disk)
+        raise NMTError(f"cannot read {path}: {err.strerror or err}") from None
     except Exception as err:  # unpickling, missing keys, shape mismatches, ...
         # torch's reason is on the lines after "Error(s) in loading state_dict for ...:"
         reason = " ".join(str(err).split())

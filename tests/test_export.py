@@ -4,6 +4,7 @@ int8 works, and runs CTranslate2 cannot execute get a one-line reason."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -426,6 +427,33 @@ def test_a_run_file_that_cannot_be_read_is_named(run, tmp_path, capsys, monkeypa
     assert main(["export", "--checkpoint", str(mine), "--out", str(out)]) == 1
     assert capsys.readouterr().err == f"error: cannot read {mine / 'spm.model'}: No such file or directory\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+@pytest.mark.parametrize("name", ["best.ckpt", "spm.model"])
+def test_a_run_file_it_may_not_read_is_not_called_damaged(run, tmp_path, name):
+    """A checkpoint or SentencePiece model without read permission (another user's run) was
+    "incompatible or damaged checkpoint ([Errno 13] ...)" and "is not a SentencePiece model",
+    which has a user retrain or delete a sound run."""
+    mine = tmp_path / "run"
+    shutil.copytree(run, mine, ignore=shutil.ignore_patterns("steps", "logs"))
+    (mine / name).chmod(0)
+    process = subprocess.run([*without_root_reads(), sys.executable, "-m", "nmt", "export",
+                              "--checkpoint", str(mine), "--weights", "best.ckpt",
+                              "--out", str(tmp_path / "ct2")], capture_output=True, text=True,
+                             timeout=300)
+    assert process.returncode == 1
+    assert process.stderr == f"error: cannot read {mine / name}: Permission denied\n"
+
+
+def without_root_reads() -> list[str]:
+    """A command's prefix that takes away root's right to read any file (the tests may run as
+    root), so that a file's permissions apply; none for another user."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("run as root without setpriv: every file is readable")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", "--bounding-set", caps, "--inh-caps", caps, "--"]
 
 
 def test_export_over_an_export_keeps_what_else_is_there(run, tmp_path, capsys):

@@ -25,6 +25,11 @@ class Tokenizer:
         self.model_file = Path(model_file)
         if not self.model_file.is_file():
             raise NMTError(f"SentencePiece model not found: {self.model_file}")
+        try:  # opened here first: SentencePiece calls a file it may not read "not a model"
+            with open(self.model_file, "rb"):
+                pass
+        except OSError as err:
+            raise NMTError(f"cannot read {self.model_file}: {err.strerror or err}") from None
         try:
             self.sp = spm.SentencePieceProcessor(model_file=str(self.model_file))
         except (RuntimeError, OSError):
