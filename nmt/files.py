@@ -76,8 +76,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
-        if path.is_file():  # the file replaced keeps its permissions: a private (600) output
-            shutil.copymode(path, tmp)  # became readable by all (644, the umask's) otherwise
+        # The file replaced keeps its permissions: a private (600) output became readable by
+        # all (644, the umask's) otherwise. Tried, not checked first: a file removed since
+        # (by another process) is simply a new one.
+        with suppress(FileNotFoundError):
+            shutil.copymode(path, tmp)
         os.replace(tmp, path)
     except OSError as err:
         raise NMTError(f"cannot write {path}: {err.strerror}") from None

@@ -4,6 +4,7 @@ fails leaves the old file and no temporary one."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -68,3 +69,21 @@ def test_a_file_replaced_keeps_its_permissions(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask  # a new file: as open() makes it
+
+
+def test_a_file_removed_while_it_is_replaced_is_written_anew(tmp_path, monkeypatch):
+    """The file replaced removed by another process between the check that it exists and the
+    copy of its permissions: "cannot write FILE: No such file or directory", for a file that
+    could be written (it is then a new one, with the umask's mode)."""
+    path = tmp_path / "out.txt"
+    path.write_text("old")
+    copymode = shutil.copymode
+
+    def removed_first(source, target, **options):
+        path.unlink(missing_ok=True)
+        return copymode(source, target, **options)
+
+    monkeypatch.setattr(shutil, "copymode", removed_first)
+    write_atomic(path, "new")
+    assert path.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]  # no temporary file left
