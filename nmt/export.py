@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,7 +161,7 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     beside = run_files(run_dir)
     # Written beside ``out`` and swapped in whole: a failed export (a full disk, Ctrl-C)
     # leaves an earlier export in ``out`` as it was.
-    target = out.resolve()  # "." has no name to put beside
+    target = out.resolve()  # "../ct2" made whole, to put the new one beside
     new, old = (target.with_name(f".{target.name}.{what}{os.getpid()}") for what in ("new", "old"))
     try:
         RunConverter(translator).convert(str(new), quantization=quantization, force=True)
@@ -195,7 +196,8 @@ def run_files(run_dir: Path) -> dict[str, bytes]:
 
 def check_export_target(out: Path) -> None:
     """A new export replaces the output folder whole: ``out`` must be new, or an earlier
-    export holding nothing else (an evaluation's eval/, say, would be lost)."""
+    export holding nothing else (an evaluation's eval/, say, would be lost) that is not the
+    folder the command runs in."""
     if out.is_symlink():  # a link to a folder would be replaced by the folder
         raise NMTError(f"--out {out} is a symbolic link: name the folder itself")
     if not out.exists():
@@ -206,6 +208,11 @@ def check_export_target(out: Path) -> None:
     if others:
         raise NMTError(f"{out} holds files nmt export did not write ({', '.join(others)}), which "
                        "the new export would delete: move them, or choose a new --out")
+    with suppress(FileNotFoundError):  # where the current folder was removed, it is not out
+        if os.path.samefile(out, os.curdir):  # a shell cannot be moved into the new one
+            raise NMTError(f"--out {out} is the folder this command runs in, which the export "
+                           "would replace, leaving your shell in a removed folder: run it from "
+                           "outside (cd ..)")
 
 
 def check_export(model_dir: str | Path) -> None:

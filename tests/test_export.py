@@ -365,9 +365,22 @@ def test_a_failed_export_leaves_the_earlier_one_whole(run, tmp_path, capsys, mon
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
-    monkeypatch.chdir(out)  # an export again, from inside it: "." had no name to put beside
-    assert main(["export", "--checkpoint", str(run), "--out", "."]) == 0
-    assert {p.name for p in out.iterdir()} == set(before)
+
+
+@pytest.mark.parametrize("given", [".", "../ct2"])
+def test_an_export_is_not_replaced_from_inside_it(run, exported, tmp_path, capsys, monkeypatch,
+                                                  given):
+    """nmt export --out . in the export's folder swapped a new folder in and removed the one
+    the shell was in: it was left in a removed folder, where ls showed nothing."""
+    out = tmp_path / "ct2"
+    shutil.copytree(exported, out, ignore=shutil.ignore_patterns("eval"))  # others evaluate it
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.chdir(out)
+    assert main(["export", "--checkpoint", str(run), "--out", given]) == 1
+    assert capsys.readouterr().err == (
+        f"error: --out {given} is the folder this command runs in, which the export would "
+        "replace, leaving your shell in a removed folder: run it from outside (cd ..)\n")
+    assert os.path.samefile(".", out) and {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
