@@ -381,10 +381,12 @@ def planned_jobs(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: 
 
 
 def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: list[str],
-                seeds: int | None = None, train: bool = True, workers: int = 1) -> list[dict]:
+                seeds: int | None = None, train: bool = True, workers: int = 1,
+                cost: bool = False) -> list[dict]:
     """Train (if ``train``) and record every cell missing from ``out``, ``workers`` cells at a
     time; rebuild the tables. Without ``train``, only cells already recorded (or trained) are
-    tabled."""
+    tabled. ``cost``: first bench each scorer's training cost (``study_cost.measure_cost``),
+    once the plan has refused what it must (minutes of benches would come first otherwise)."""
     from nmt.study_report import write_report
 
     print(f"{len(cells_of(cfg, preset, seeds))} cells, preset {preset}, records in {out}, "
@@ -392,6 +394,10 @@ def run_compare(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: l
     jobs, lines = planned_jobs(cfg, preset, out, runs, extra, seeds, train)
     for line in lines:
         print(f"  {line}", flush=True)
+    if cost:
+        from nmt.study_cost import measure_cost  # it imports this module
+
+        measure_cost(cfg, preset, out, extra=extra)
     if workers > 1 and len(jobs) > 1:
         record_in_parallel(jobs, workers)
     else:

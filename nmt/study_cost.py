@@ -38,8 +38,8 @@ def measure_cost(cfg: CompareConfig, preset: str, out: Path, steps: int = 20, wa
                  max_len: int = 512, extra: list[str] = ()) -> dict:
     """Bench every (family, scorer) of the main group at seed 1, with the cells' options
     (``extra``: the command line's, as the cells'); write ``out/cost.json``."""
-    main = [c for c in cells_of(cfg, preset) if c.seed == 1 and c.variant == "base"
-            and c.group == cells_of(cfg, preset)[0].group]
+    cells = cells_of(cfg, preset)
+    main = [c for c in cells if c.seed == 1 and c.variant == "base" and c.group == cells[0].group]
     rows = []
     for cell in main:
         print(f"  {cell.family}/{cell.attention}: bench train ({steps} steps)", flush=True)

@@ -608,11 +608,15 @@ def test_two_groups_making_one_cell_name_are_an_error(study, tmp_path, capsys):
 def test_cost_is_benched_with_the_command_lines_options_as_the_cells(study, monkeypatch, capsys,
                                                                      tmp_path):
     """compare --cost OPTION: each scorer's training is benched with the option, as the cells
-    it is tabled beside were trained (it was benched with the preset's options alone)."""
-    from nmt import study_cost
+    it is tabled beside were trained (it was benched with the preset's options alone). The
+    cells are planned once (they were planned twice: 4 s for the study's 48 cells)."""
+    from nmt import compare, study_cost
 
     run, out, _, folder = study
-    calls = []
+    calls, plans = [], []
+    plan = compare.planned_jobs
+    monkeypatch.setattr(compare, "planned_jobs", lambda *args, **kwargs: plans.append(args) or
+                        plan(*args, **kwargs))
 
     def bench(arguments):  # what nmt bench would be asked, and a summary of the right shape
         calls.append(arguments)
@@ -627,6 +631,7 @@ def test_cost_is_benched_with_the_command_lines_options_as_the_cells(study, monk
                  "optim.lr=0.0009"]) == 0
     trains = [arguments for arguments in calls if arguments[0] == "train"]
     assert trains and all("optim.lr=0.0009" in arguments for arguments in trains)
+    assert len(plans) == 1
 
 
 def test_committed_study_records_still_match_their_cells():

@@ -76,11 +76,5 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> None:
     cfg = load_compare_config(args.config)
     out = Path(args.out or f"study/{args.preset}")
     runs = Path(args.runs or f"checkpoints/study/{args.preset}")
-    if args.cost:
-        from nmt.compare import planned_jobs
-        from nmt.study_cost import measure_cost
-
-        planned_jobs(cfg, args.preset, out, runs, overrides, args.seeds, train=False)  # refusals first
-        measure_cost(cfg, args.preset, out, extra=overrides)
     run_compare(cfg, args.preset, out, runs, overrides, seeds=args.seeds,
-                train=not (args.tables_only or args.cost), workers=args.jobs)
+                train=not (args.tables_only or args.cost), workers=args.jobs, cost=args.cost)
