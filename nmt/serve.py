@@ -7,6 +7,7 @@ the same model, beam and attention are decoded in one ``translate`` call: one ba
 search per length bucket.
 
     POST /translate  {"text": ["...", ...], "beam": 5, "attention": false, "model": NAME}
+                     (all but text optional; null, as a field left out, is the default)
         -> {"model": NAME, "translations": ["...", ...],
             "attention": [{"source": [...], "target": [...], "weights": [[...]]}, ...],  # if asked
                                                                # (each null for an ensemble)
@@ -103,8 +104,8 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
     unknown = [key for key in body if key not in FIELDS]
     if unknown:
         return Rejected(f"unknown field {quoted(unknown[0])}; valid fields: {', '.join(FIELDS)}")
-    texts, beam = body.get("text"), body.get("beam", default_beam)
-    attention, model = body.get("attention", False), body.get("model", models[0])
+    texts, beam = body.get("text"), optional(body, "beam", default_beam)
+    attention, model = optional(body, "attention", False), optional(body, "model", models[0])
     if "text" not in body:
         return Rejected("missing field 'text': a list of strings to translate")
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
@@ -121,6 +122,13 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
     if model not in models:
         return Rejected(f"unknown model {quoted(model)}; served: {', '.join(map(quoted, models))}")
     return Job(texts, beam, attention, model)
+
+
+def optional(body: dict, key: str, default: Any) -> Any:
+    """An optional field's value: ``default`` where it is left out or null, as a form's empty
+    box sends it (the page's beam box, cleared, sent null and got a 400)."""
+    value = body.get(key)
+    return default if value is None else value
 
 
 def quoted(value: Any) -> str:

@@ -175,7 +175,6 @@ def test_attention_matrix_with_pieces(server, runs):
     ({"text": ["x"], "beam": 0}, "'beam' must be an integer"),
     ({"text": ["x"], "attention": 1}, "'attention' must be true or false"),
     ({"text": ["x"], "model": "third"}, 'unknown model "third"; served: "first", "second"'),
-    ({"text": ["x"], "model": None}, 'unknown model null; served: "first", "second"'),
     ({"text": ["x"], "model": "modèle"}, 'unknown model "modèle"'),  # as sent, not \\u00e8
     ({"text": ["x"], "txet": 1}, 'unknown field "txet"'),
     (b'{"text": ["x"], "\\udc80": 1}', 'unknown field "\\udc80"'),  # a lone surrogate: a 500 before
@@ -193,6 +192,17 @@ def test_attention_matrix_with_pieces(server, runs):
 def test_bad_request_gets_one_line_400(server, body, message):
     status, answer = request(server + "/translate", body)
     assert status == 400 and message in answer["error"] and "\n" not in answer["error"]
+
+
+def test_null_means_the_default_as_an_omitted_field():
+    """The page's beam box, cleared, sent "beam": null (JSON's NaN), as a form's empty box
+    does: a 400 "'beam' must be an integer from 1 to 16, got null", "model": null likewise."""
+    from nmt.serve import Job, parse_request
+
+    models = ["first", "second"]
+    nulls = {"text": ["x"], "beam": None, "attention": None, "model": None}
+    assert parse_request(nulls, models, 2) == parse_request({"text": ["x"]}, models, 2) \
+        == Job(["x"], 2, False, "first")
 
 
 def test_body_without_json_content_type(server):
