@@ -425,7 +425,9 @@ def check_port_free(host: str, port: int) -> None:
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: str = "torch",
           beam: int = 5, max_batch: int = 32, weights: str | None = None,
           precision: str | None = None, ensemble: list[str] = (), timeout: float = 120.0) -> None:
-    """Serve until Ctrl-C or SIGTERM (either stops LitServe's worker processes too)."""
+    """Serve until Ctrl-C or SIGTERM, which stop LitServe's worker processes too and end the
+    command as a finished one, whether the models were still loading or served: LitServe
+    ends so once it serves, and a supervisor's stop (systemd, Kubernetes) is a clean end."""
     if host not in HOSTS:
         raise NMTError(f"--host must be one of {', '.join(HOSTS)} (LitServe binds only these)")
     if not 1024 <= port <= 65535:
@@ -433,14 +435,26 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
     if max_batch < 1:
         raise NMTError(f"--max-batch must be at least 1, got {max_batch}")
     check_port_free(host, port)
-    server = build_server(paths, engine, beam, max_batch, timeout, weights, precision, ensemble)
-    # SIGTERM as Ctrl-C: LitServe then stops its worker processes. Its forked HTTP server
-    # keeps the default, so that LitServe's own terminate() ends it quietly.
+    # SIGTERM as Ctrl-C from here on, the checks included: LitServe then stops its worker
+    # processes. Its forked HTTP server keeps the default, so that LitServe's own terminate()
+    # ends it quietly.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
-    address = f"[{host}]" if ":" in host else host  # an IPv6 address is bracketed in a URL
-    print(f"serving {', '.join(map(model_name, paths))} with {engine} "
-          f"at http://{address}:{port}/", flush=True)
+    try:
+        server = build_server(paths, engine, beam, max_batch, timeout, weights, precision, ensemble)
+        address = f"[{host}]" if ":" in host else host  # an IPv6 address is bracketed in a URL
+        print(f"serving {', '.join(map(model_name, paths))} with {engine} "
+              f"at http://{address}:{port}/", flush=True)
+        run_server(server, host, port)
+    except KeyboardInterrupt:  # before it served: the end LitServe gives a stop once it serves
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # for a caller in the same process
+
+
+def run_server(server: litserve.LitServer, host: str, port: int) -> None:
+    """LitServe's ``run``, its failures as one-line errors. A stop (Ctrl-C, SIGTERM) while
+    the workers load stops them and is raised on; once serving, LitServe handles it."""
     try:
         server.run(host=host, port=port, generate_client_file=False, log_level="warning")
     except RuntimeError as err:  # LitServe's "workers failed to start": the log above says why
@@ -457,8 +471,6 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
             raise
         raise NMTError(f"the inference worker died ({death}), so the server stopped: start it "
                        "again (in production, under a supervisor that restarts it)") from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)  # for a caller in the same process
 
 
 def worker_death(server: object) -> str | None:

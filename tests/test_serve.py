@@ -314,10 +314,9 @@ def test_ctrl_c_stops_the_server_without_a_traceback(runs, tmp_path):
 def test_a_server_stopped_while_its_worker_loads_stops_the_worker(runs, monkeypatch):
     """SIGTERM (as Ctrl-C) while LitServe waits for its worker to load: LitServe stops its
     workers only once it serves, so the command's exit waited for the worker to load, and
-    then printed its traceback. The worker is stopped at once instead."""
+    then printed its traceback. The worker is stopped at once instead, and the command ends
+    as a server stopped while serving does."""
     import litserve
-
-    from nmt.serve import serve
 
     _, paths, _ = runs
     workers = []
@@ -328,14 +327,37 @@ def test_a_server_stopped_while_its_worker_loads_stops_the_worker(runs, monkeypa
 
     monkeypatch.setattr(litserve.LitServer, "verify_worker_status", interrupted)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            serve([str(paths[0])], port=free_port(), precision="32-true", weights="best.ckpt")
+        assert main(["serve", "--checkpoint", str(paths[0]), *free_port_option(),
+                     "--precision", "32-true", "--weights", "best.ckpt"]) == 0
         for worker in workers:
             worker.join(timeout=60)
         assert workers and all(w.exitcode == -signal.SIGTERM for w in workers)
     finally:
         for worker in workers:
             worker.kill()
+
+
+@pytest.mark.parametrize("owner, name", [("nmt.serve", "check_run_weights"),  # before a worker
+                                         ("litserve:LitServer", "verify_worker_status")])  # loading
+def test_sigterm_before_the_server_serves_ends_it_as_once_it_serves(runs, owner, name):
+    """SIGTERM, a supervisor's stop (systemctl stop, a Kubernetes pod deleted), ends a server
+    that serves with status 0, which systemd reads as a clean stop; before it served, it was
+    killed by the signal while its models were checked, and exited 130 ("interrupted", as if
+    Ctrl-C) while its worker loaded. Now 0 throughout."""
+    _, paths, _ = runs
+    code = f"""if True:
+        import os, pkgutil, signal, sys
+        from nmt.cli import main
+
+        def stopped(*args, **kwargs):  # the signal, as it comes while this runs
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        setattr(pkgutil.resolve_name({owner!r}), {name!r}, stopped)
+        sys.exit(main(["serve", "--checkpoint", {str(paths[0])!r}, "--port", "{free_port()}",
+                       "--precision", "32-true", "--weights", "best.ckpt"]))"""
+    process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300)
+    assert process.returncode == 0 and "Traceback" not in process.stderr, process.stderr[-2000:]
 
 
 def inference_workers(process) -> list[int]:
