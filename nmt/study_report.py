@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -57,17 +59,41 @@ def current_records(cfg: CompareConfig, preset: str, out: Path, extra: list[str]
     return found, left_out
 
 
+# The seed of the paired bootstrap's resamples: sacreBLEU's default, which drew the committed
+# study's p-values
+BOOTSTRAP_SEED = 12345
+
+
+@contextmanager
+def pinned_bootstrap_seed() -> Iterator[None]:
+    """``SACREBLEU_SEED`` set to ``BOOTSTRAP_SEED`` while sacreBLEU's paired test runs, and
+    restored after. sacreBLEU reads its seed from that variable alone (no argument takes it):
+    a user who had set it, for another tool, would otherwise get other p-values than the
+    committed ones, with no sign of why."""
+    before = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = str(BOOTSTRAP_SEED)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["SACREBLEU_SEED"]
+        else:
+            os.environ["SACREBLEU_SEED"] = before
+
+
 def paired_bootstrap(baseline: list[str], systems: dict[str, list[str]], refs: list[str],
                      samples: int) -> dict[str, float]:
-    """p-value of each system's BLEU against the baseline (sacreBLEU's paired bootstrap). A
-    system that translates every sentence as the baseline does differs in nothing: 1.0, where
-    sacreBLEU's bootstrap gives its smallest p, 1 / (samples + 1), which reads as significant."""
+    """p-value of each system's BLEU against the baseline (sacreBLEU's paired bootstrap,
+    ``samples`` resamples drawn with ``BOOTSTRAP_SEED``). A system that translates every
+    sentence as the baseline does differs in nothing: 1.0, where sacreBLEU's bootstrap gives
+    its smallest p, 1 / (samples + 1), which reads as significant."""
     p_values = {name: 1.0 for name, hyps in systems.items() if hyps == baseline}
     named = [("baseline", baseline), *[(n, h) for n, h in systems.items() if n not in p_values]]
     if len(named) > 1:
-        test = PairedTest(named, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples,
-                          n_jobs=1)
-        _, results = test()
+        with pinned_bootstrap_seed():
+            test = PairedTest(named, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples,
+                              n_jobs=1)
+            _, results = test()
         p_values |= {name: r.p_value for name, r in zip(results["System"][1:], results["BLEU"][1:])}
     return p_values
 

@@ -891,3 +891,24 @@ def test_a_system_identical_to_its_baseline_is_not_significant():
     found = paired_bootstrap(baseline, {"copy": list(baseline), "other": other}, refs, 100)
     assert found["copy"] == 1.0
     assert 0 < found["other"] < 1.0
+
+
+def test_the_bootstrap_draws_with_the_projects_seed_whatever_sacrebleu_seed_says(monkeypatch):
+    """sacreBLEU's paired bootstrap reads its seed from $SACREBLEU_SEED: a user who had set it
+    got other p-values than the committed ones, with no sign of why."""
+    from nmt.study_report import paired_bootstrap
+
+    refs = [f"a dog number {i} runs in the snow ." for i in range(60)]
+    # two systems of about the same BLEU: a p-value far from its bounds, where seeds differ
+    baseline = [f"a dog {i} runs ." if i % 5 == 0 else ref for i, ref in enumerate(refs)]
+    other = [f"dog {i} in the snow ." if i % 4 == 1 else ref for i, ref in enumerate(refs)]
+    monkeypatch.setenv("SACREBLEU_SEED", "12345")  # sacreBLEU's default: the committed study's
+    pinned = PairedTest([("base", baseline), ("other", other)], {"BLEU": BLEU()}, [refs],
+                        test_type="bs", n_samples=100)()[1]["BLEU"][1].p_value
+    for seed in ("7", "none"):
+        monkeypatch.setenv("SACREBLEU_SEED", seed)
+        assert paired_bootstrap(baseline, {"other": other}, refs, 100) == {"other": pinned}
+        assert os.environ["SACREBLEU_SEED"] == seed  # the user's setting, as it was
+    monkeypatch.delenv("SACREBLEU_SEED")
+    assert paired_bootstrap(baseline, {"other": other}, refs, 100) == {"other": pinned}
+    assert "SACREBLEU_SEED" not in os.environ
