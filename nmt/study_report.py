@@ -82,27 +82,31 @@ def pinned_bootstrap_seed() -> Iterator[None]:
 
 
 def paired_bootstrap(baseline: list[str], systems: dict[str, list[str]], refs: list[str],
-                     samples: int) -> dict[str, float]:
+                     samples: int) -> tuple[dict[str, float], str | None]:
     """p-value of each system's BLEU against the baseline (sacreBLEU's paired bootstrap,
-    ``samples`` resamples drawn with ``BOOTSTRAP_SEED``). A system that translates every
-    sentence as the baseline does differs in nothing: 1.0, where sacreBLEU's bootstrap gives
-    its smallest p, 1 / (samples + 1), which reads as significant."""
+    ``samples`` resamples drawn with ``BOOTSTRAP_SEED``), and sacreBLEU's signature of the
+    test (BLEU's with ``bs:<samples>|seed:<seed>``; None where none ran). A system that
+    translates every sentence as the baseline does differs in nothing: 1.0, where sacreBLEU's
+    bootstrap gives its smallest p, 1 / (samples + 1), which reads as significant."""
     p_values = {name: 1.0 for name, hyps in systems.items() if hyps == baseline}
     named = [("baseline", baseline), *[(n, h) for n, h in systems.items() if n not in p_values]]
-    if len(named) > 1:
-        with pinned_bootstrap_seed():
-            test = PairedTest(named, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples,
-                              n_jobs=1)
-            _, results = test()
-        p_values |= {name: r.p_value for name, r in zip(results["System"][1:], results["BLEU"][1:])}
-    return p_values
+    if len(named) == 1:
+        return p_values, None
+    with pinned_bootstrap_seed():
+        test = PairedTest(named, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples,
+                          n_jobs=1)
+        signatures, results = test()
+    p_values |= {name: r.p_value for name, r in zip(results["System"][1:], results["BLEU"][1:])}
+    return p_values, str(signatures["BLEU"])
 
 
 def bootstrap_p_values(cfg: CompareConfig, records: dict[Cell, dict],
-                       references: Callable[[Cell, dict], list[str]]) -> dict[Cell, float]:
+                       references: Callable[[Cell, dict], list[str]]
+                       ) -> tuple[dict[Cell, float], set[str]]:
     """Each non-baseline cell against the baseline cell of its group, variant and seed, on
-    the test references of that cell (``references``: a variant may test on other files)."""
-    p_values = {}
+    the test references of that cell (``references``: a variant may test on other files);
+    and the signatures of the tests run (see ``paired_bootstrap``)."""
+    p_values, signatures = {}, set()
     for base in [c for c in records if c.attention == cfg.baselines[c.family]]:
         same = (base.group, base.family, base.variant, base.seed)
         rivals = {c: r for c, r in records.items()
@@ -112,10 +116,12 @@ def bootstrap_p_values(cfg: CompareConfig, records: dict[Cell, dict],
             if references(cell, record) != refs:
                 raise NMTError(f"cells {base.name} and {cell.name} were tested on other "
                                "references: their translations cannot be paired")
-        found = paired_bootstrap(records[base]["hyps"], {c.name: r["hyps"] for c, r in rivals.items()},
-                                 refs, cfg.bootstrap_samples)
+        found, signature = paired_bootstrap(records[base]["hyps"],
+                                            {c.name: r["hyps"] for c, r in rivals.items()},
+                                            refs, cfg.bootstrap_samples)
         p_values.update({c: found[c.name] for c in rivals})
-    return p_values
+        signatures |= {signature} - {None}
+    return p_values, signatures
 
 
 def test_references(cfg: CompareConfig, preset: str, extra: list[str]
@@ -226,8 +232,9 @@ def _cell_text(row: dict, key: str) -> str:
     return "-" if value is None else str(value)
 
 
-def markdown(rows: list[dict], signature: str, test_sets: list[str]) -> str:
-    """One table per group; the footnote names the cells' ``test_sets``."""
+def markdown(rows: list[dict], signature: str, test_sets: list[str], bootstrap: set[str]) -> str:
+    """One table per group; the footnote names the cells' ``test_sets`` and the signatures of
+    the paired ``bootstrap`` tests behind p boot (its number of resamples and seed)."""
     lines = []
     for group in dict.fromkeys(r["group"] for r in rows):
         lines += [f"### {group}", "", "| " + " | ".join(t for t, _ in COLUMNS) + " |",
@@ -236,9 +243,11 @@ def markdown(rows: list[dict], signature: str, test_sets: list[str]) -> str:
                   for r in rows if r["group"] == group]
         lines.append("")
     tested = test_sets[0] if len(test_sets) == 1 else f"each cell's own test set ({', '.join(test_sets)})"
+    tests = "`, `".join(sorted(bootstrap))
+    how = f" (sacreBLEU `{tests}`; bs: resamples, seed: their random seed)" if tests else ""
     lines += [f"sacreBLEU `{signature}`, {tested}, beam search. BLEU: mean ± std over seeds; "
-              "p boot: paired bootstrap per seed against the same seed's baseline; p seeds: "
-              "paired t-test across seeds against the baseline."]
+              f"p boot: two-sided paired bootstrap{how} per seed against the same seed's "
+              "baseline; p seeds: paired t-test across seeds against the baseline."]
     return "\n".join(lines) + "\n"
 
 
@@ -295,12 +304,12 @@ def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | 
         print("no recorded cells yet: nothing to table", flush=True)
         return []
     first = next(iter(records.values()))
-    p_boot = bootstrap_p_values(cfg, records, test_references(cfg, preset, extra or []))
+    p_boot, bootstrap = bootstrap_p_values(cfg, records, test_references(cfg, preset, extra or []))
     rows = summarise(cfg, records, p_boot)
     # as each cell was scored (records from before this was kept: as its config names it now)
     test_sets = sorted({record.get("test_set") or test_set_name(cell_data(cfg, preset, cell, extra or []))
                         for cell, record in records.items()})
-    table = markdown(rows, first["scores"]["bleu_signature"], test_sets)
+    table = markdown(rows, first["scores"]["bleu_signature"], test_sets, bootstrap)
     if left_out_note:
         table += "\n" + left_out_note + "\n"
     if (out / "cost.json").is_file():

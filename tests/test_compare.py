@@ -114,8 +114,11 @@ def test_compare_writes_records_tables_and_figures(study):
     assert f"| {record['weights']} | {commit}" in table
 
 
-def test_significance_is_sacrebleus_bootstrap_and_a_paired_t_test(study):
+def test_significance_is_sacrebleus_bootstrap_and_a_paired_t_test(study, monkeypatch):
+    """The p-values are sacreBLEU's and scipy's; the footnote gives the bootstrap's own
+    signature (it named BLEU's alone: not its resamples, nor their seed)."""
     _, out, files, _ = study
+    monkeypatch.setenv("SACREBLEU_SEED", "12345")  # the seed the report pins
     cells = out / "a" / "cells"
 
     def hyps(name):
@@ -129,7 +132,12 @@ def test_significance_is_sacrebleus_bootstrap_and_a_paired_t_test(study):
     for seed in (1, 2):
         test = PairedTest([("base", hyps(f"rnn_additive_seed{seed}")), ("dot", hyps(f"rnn_dot_seed{seed}"))],
                           {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=200)
-        assert row["p_boot"][seed - 1] == round(test()[1]["BLEU"][1].p_value, 4)
+        signatures, results = test()
+        assert row["p_boot"][seed - 1] == round(results["BLEU"][1].p_value, 4)
+    signature = str(signatures["BLEU"])
+    assert "|bs:200|seed:12345|" in signature
+    assert f"p boot: two-sided paired bootstrap (sacreBLEU `{signature}`; bs: resamples, seed: " \
+        "their random seed) per seed" in (out / "a" / "compare.md").read_text()
     a, b = [bleu(f"rnn_dot_seed{s}") for s in (1, 2)], [bleu(f"rnn_additive_seed{s}") for s in (1, 2)]
     expected = 1.0 if a == b else round(float(ttest_rel(a, b).pvalue), 4)
     assert row["p_seeds"] == expected
@@ -888,7 +896,7 @@ def test_a_system_identical_to_its_baseline_is_not_significant():
     refs = ["a dog runs in the snow .", "two men play football .", "a girl reads a book ."]
     baseline = ["a dog runs in snow .", "two men play soccer .", "a girl reads a book ."]
     other = ["a cat sits .", "two men play soccer .", "a girl reads ."]
-    found = paired_bootstrap(baseline, {"copy": list(baseline), "other": other}, refs, 100)
+    found, _ = paired_bootstrap(baseline, {"copy": list(baseline), "other": other}, refs, 100)
     assert found["copy"] == 1.0
     assert 0 < found["other"] < 1.0
 
@@ -907,8 +915,8 @@ def test_the_bootstrap_draws_with_the_projects_seed_whatever_sacrebleu_seed_says
                         test_type="bs", n_samples=100)()[1]["BLEU"][1].p_value
     for seed in ("7", "none"):
         monkeypatch.setenv("SACREBLEU_SEED", seed)
-        assert paired_bootstrap(baseline, {"other": other}, refs, 100) == {"other": pinned}
+        assert paired_bootstrap(baseline, {"other": other}, refs, 100)[0] == {"other": pinned}
         assert os.environ["SACREBLEU_SEED"] == seed  # the user's setting, as it was
     monkeypatch.delenv("SACREBLEU_SEED")
-    assert paired_bootstrap(baseline, {"other": other}, refs, 100) == {"other": pinned}
+    assert paired_bootstrap(baseline, {"other": other}, refs, 100)[0] == {"other": pinned}
     assert "SACREBLEU_SEED" not in os.environ
