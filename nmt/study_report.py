@@ -5,7 +5,8 @@ Significance, three ways (the README says which is which):
 * ``p boot`` is sacreBLEU's paired bootstrap resampling of the test sentences, one p-value per
   seed, each against the same seed's baseline cell (same data order, same initial draw);
 * ``p seeds`` is a paired t-test across seeds of the cell's BLEU against the baseline's
-  (scipy's ``ttest_rel``): does the difference exceed seed-to-seed variation?
+  (scipy's ``ttest_rel``): does the difference exceed seed-to-seed variation? Undefined where
+  the difference is the same on every seed.
 """
 
 from __future__ import annotations
@@ -199,14 +200,19 @@ def summarise(cfg: CompareConfig, records: dict[Cell, dict], p_boot: dict[Cell, 
 
 
 def seed_test(mine: dict[int, dict], base: dict[int, dict], is_baseline: bool) -> float | None:
-    """Paired t-test across the seeds both cells have (None below two seeds)."""
+    """Paired t-test across the seeds both cells have: None below two seeds, and where the
+    BLEU difference is the same on every seed (1.0 where that difference is 0). With no spread
+    the t statistic is infinite and scipy's p is 0, a certainty that two or three seeds cannot
+    give: BLEU kept to 2 decimals makes equal differences a matter of luck."""
     seeds = sorted(set(mine) & set(base))
     if is_baseline or len(seeds) < 2:
         return None
     a = [mine[s]["scores"]["bleu"] for s in seeds]
     b = [base[s]["scores"]["bleu"] for s in seeds]
-    if a == b:
-        return 1.0
+    # BLEU has 2 decimals: rounding drops the subtraction's float noise (0.38000000000000256)
+    differences = {round(x - y, 6) for x, y in zip(a, b)}
+    if len(differences) == 1:
+        return 1.0 if differences == {0} else None
     return round(float(ttest_rel(a, b).pvalue), 4)
 
 
@@ -247,7 +253,9 @@ def markdown(rows: list[dict], signature: str, test_sets: list[str], bootstrap: 
     how = f" (sacreBLEU `{tests}`; bs: resamples, seed: their random seed)" if tests else ""
     lines += [f"sacreBLEU `{signature}`, {tested}, beam search. BLEU: mean ± std over seeds; "
               f"p boot: two-sided paired bootstrap{how} per seed against the same seed's "
-              "baseline; p seeds: paired t-test across seeds against the baseline."]
+              "baseline; p seeds: paired t-test across seeds against the baseline (- where the two "
+              "share fewer than two seeds, or differ by the same BLEU on every seed: with no "
+              "spread the t-test is undefined, not p = 0)."]
     return "\n".join(lines) + "\n"
 
 

@@ -920,3 +920,19 @@ def test_the_bootstrap_draws_with_the_projects_seed_whatever_sacrebleu_seed_says
     monkeypatch.delenv("SACREBLEU_SEED")
     assert paired_bootstrap(baseline, {"other": other}, refs, 100)[0] == {"other": pinned}
     assert "SACREBLEU_SEED" not in os.environ
+
+
+def test_a_difference_the_same_on_every_seed_has_no_t_test_p_value():
+    """Three seeds that differ from their baselines by the same BLEU gave p seeds 0.0 (scipy's
+    t-test of differences with no spread), a certainty three seeds cannot give."""
+    from nmt.study_report import seed_test
+
+    def cells(*bleus):
+        return {seed: {"scores": {"bleu": bleu}} for seed, bleu in enumerate(bleus, 1)}
+
+    base = cells(33.09, 33.37, 32.83)
+    assert seed_test(cells(33.47, 33.75, 33.21), base, False) is None  # +0.38 each time
+    assert seed_test(cells(32.09, 32.37, 31.83), base, False) is None  # -1.00 each time
+    assert seed_test(cells(33.09, 33.37, 32.83), base, False) == 1.0  # no difference at all
+    expected = ttest_rel([33.47, 33.75, 33.31], [33.09, 33.37, 32.83]).pvalue  # +0.38, +0.38, +0.48
+    assert seed_test(cells(33.47, 33.75, 33.31), base, False) == round(float(expected), 4)
