@@ -21,6 +21,14 @@ def score_corpus(hypotheses: list[str], references: list[str]) -> dict:
     }
 
 
+def lowercase_bleu(hypotheses: list[str], references: list[str]) -> dict:
+    """BLEU of the lower-cased texts, with its own signature (``case:lc``): beside the cased
+    score's, a lower-cased score without it reads as cased."""
+    bleu = BLEU(lowercase=True)
+    return {"bleu_lc": round(bleu.corpus_score(hypotheses, [references]).score, 2),
+            "bleu_lc_signature": str(bleu.get_signature())}
+
+
 def bleu_statistics(hypotheses: list[str], references: list[str]) -> list[float]:
     """Sufficient statistics: [sys_len, ref_len, correct_1..4, total_1..4]."""
     stats = BLEU().corpus_score(hypotheses, [references])

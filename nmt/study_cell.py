@@ -17,7 +17,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from sacrebleu.metrics import BLEU
 
 from nmt.attention_stats import attention_key_size, attention_statistics, teacher_forced_weights
 from nmt.data.batching import PairDataset, decoding_loader
@@ -26,7 +25,7 @@ from nmt.data.prepare import lines_sha1
 from nmt.errors import NMTError
 from nmt.evaluate import best_translations, split_pairs
 from nmt.files import write_atomic
-from nmt.metrics import score_corpus
+from nmt.metrics import lowercase_bleu, score_corpus
 from nmt.provenance import code_commit, device_name
 from nmt.translator import Translator
 
@@ -121,8 +120,7 @@ def finish_cell(cfg, preset: str, cell, key: str, resolved: dict, run_dir: Path,
     record = {
         "cell": asdict(cell), "name": cell.name, "preset": preset, "key": key,
         "trial": list(trial), "config": resolved,
-        "scores": {**score_corpus(hyps, references),
-                   "bleu_lc": round(BLEU(lowercase=True).corpus_score(hyps, [references]).score, 2),
+        "scores": {**score_corpus(hyps, references), **lowercase_bleu(hyps, references),
                    "beam": cfg.beam},
         # the report pairs its translations with the references only where they are still these
         "references_sha1": lines_sha1(references),

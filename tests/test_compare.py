@@ -90,6 +90,8 @@ def test_compare_writes_records_tables_and_figures(study):
     assert set(record["attention_stats"]) == {"encoder", "decoder", "cross"}
     assert 0 <= record["attention_stats"]["cross"]["diagonal_mass"] <= 1
     assert record["provenance"]["device"].startswith("CPU") and record["provenance"]["precision"]
+    scores = record["scores"]  # lower-cased BLEU named its signature nowhere
+    assert scores["bleu_lc_signature"] == scores["bleu_signature"].replace("|case:mixed|", "|case:lc|")
     picture = record["pictures"][0]
     assert len(picture["cross"]) == len(picture["target"])
     assert len(picture["cross"][0]) == len(picture["source"]) == len(picture["encoder"][0])
