@@ -255,7 +255,8 @@ def markdown(rows: list[dict], signature: str, test_sets: list[str], bootstrap: 
               f"p boot: two-sided paired bootstrap{how} per seed against the same seed's "
               "baseline; p seeds: paired t-test across seeds against the baseline (- where the two "
               "share fewer than two seeds, or differ by the same BLEU on every seed: with no "
-              "spread the t-test is undefined, not p = 0)."]
+              "spread the t-test is undefined, not p = 0). Neither is corrected for multiple "
+              "comparisons."]
     return "\n".join(lines) + "\n"
 
 

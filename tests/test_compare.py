@@ -138,8 +138,10 @@ def test_significance_is_sacrebleus_bootstrap_and_a_paired_t_test(study, monkeyp
         assert row["p_boot"][seed - 1] == round(results["BLEU"][1].p_value, 4)
     signature = str(signatures["BLEU"])
     assert "|bs:200|seed:12345|" in signature
+    footnote = (out / "a" / "compare.md").read_text()
     assert f"p boot: two-sided paired bootstrap (sacreBLEU `{signature}`; bs: resamples, seed: " \
-        "their random seed) per seed" in (out / "a" / "compare.md").read_text()
+        "their random seed) per seed" in footnote
+    assert "Neither is corrected for multiple comparisons." in footnote  # dozens of tests
     a, b = [bleu(f"rnn_dot_seed{s}") for s in (1, 2)], [bleu(f"rnn_additive_seed{s}") for s in (1, 2)]
     expected = 1.0 if a == b else round(float(ttest_rel(a, b).pvalue), 4)
     assert row["p_seeds"] == expected
