@@ -135,11 +135,10 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool
             if path.is_file():
                 check_weights_of(run_dir, path)
                 return path
+        hint = _weights_elsewhere(run_dir, str(weights), given)
         if from_here:
-            hint = f"; {run_dir / given} exists: give {given} for it" \
-                if str(weights).startswith(HERE) and (run_dir / given).is_file() else ""
             raise NMTError(f"weights file not found: {weights} ({given.resolve()}){hint}")
-        raise NMTError(f"weights file not found: {' or '.join(map(str, tried))}")
+        raise NMTError(f"weights file not found: {' or '.join(map(str, tried))}{hint}")
     chosen = final_weights_of(run_dir)
     for name in (chosen, "best.ckpt", "last.ckpt"):
         if name and (run_dir / name).is_file():
@@ -149,6 +148,19 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool
             return run_dir / name
     refuse_export(run_dir, "decode it with --engine ctranslate2")
     raise NMTError(f"no best.ckpt or last.ckpt in {run_dir}: is it a training run directory?")
+
+
+def _weights_elsewhere(run_dir: Path, weights: str, given: Path) -> str:
+    """Where a ``--weights`` file that was not found is after all, and what to give for it: in
+    the run, named from the current folder (./averaged.ckpt), or in the current folder, named
+    bare (avg.ckpt, as ``nmt average --out avg.ckpt`` writes it), which is looked for in the
+    run alone. An empty string where it is in neither."""
+    if weights.startswith(HERE) and (run_dir / given).is_file():
+        return f"; {run_dir / given} exists: give {given} for it"
+    if not weights.startswith(FROM_HERE) and given.parent == Path(".") and given.is_file():
+        return (f"; {given} is in the current folder, where a bare name is not looked for: "
+                f"give ./{given} for it")
+    return ""
 
 
 def check_weights_of(run_dir: Path, path: Path) -> None:

@@ -192,6 +192,22 @@ def test_weights_from_here_are_never_the_runs_file_of_that_name(tmp_path, monkey
         find_checkpoint(run, "./none.ckpt")
 
 
+def test_a_bare_weights_name_not_in_the_run_points_to_the_current_folders_file(tmp_path, monkeypatch):
+    """nmt average --out avg.ckpt writes avg.ckpt here; --weights avg.ckpt looks in the run
+    alone, and said only that RUN/avg.ckpt was not found, with the file in plain sight."""
+    run, here = tmp_path / "run", tmp_path / "here"
+    run.mkdir()
+    here.mkdir()
+    (here / "avg.ckpt").write_bytes(b"")
+    monkeypatch.chdir(here)
+    with pytest.raises(NMTError, match=re.escape(
+            f"weights file not found: {run / 'avg.ckpt'}; avg.ckpt is in the current folder, "
+            "where a bare name is not looked for: give ./avg.ckpt for it")):
+        find_checkpoint(run, "avg.ckpt")
+    with pytest.raises(NMTError, match=r"none\.ckpt$"):  # no hint to a file not there
+        find_checkpoint(run, "none.ckpt")
+
+
 def test_a_run_past_its_best_validation_ends_with_averaged_weights(tmp_path, capsys):
     """At a learning rate of 1e-12 the validation BLEU never changes, so the first validation
     stays the best and best.ckpt is older than the last 2 checkpoints of 4 epochs: training
