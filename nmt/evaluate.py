@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from nmt.config import DataConfig
-from nmt.data.corpus import load_corpus, read_pairs
+from nmt.data.corpus import check_file_languages, load_corpus, read_pairs
 from nmt.errors import NMTError
 from nmt.files import write_atomic
 from nmt.metrics import score_corpus
@@ -75,7 +75,10 @@ def evaluation_pairs(data: DataConfig, split: str, files: tuple[str, str] | None
     """What ``evaluate`` scores: the lines of ``files`` (a source file and its references), else
     of ``split`` of the corpus ``data`` configures. Read before the model is loaded and its
     precision probed, so that a split the corpus lacks or a bad file is an error at once."""
-    return file_pairs(*files) if files else split_pairs(data, split)
+    if not files:
+        return split_pairs(data, split)
+    check_file_languages("--files", files, data.src_lang, data.tgt_lang)
+    return file_pairs(*files)
 
 
 def evaluate_split(translator, run_dir: Path, split: str, pairs: tuple[list[str], list[str]],

@@ -80,6 +80,28 @@ def test_named_files_and_mismatched_lengths(tmp_path):
         load_corpus(cfg)["val"]  # splits are read when first used
 
 
+def test_files_named_for_the_reverse_direction_are_an_error(tmp_path):
+    """data.train_files=[train.de,train.en] with --src-lang en --tgt-lang de trained de->en
+    under the name en->de, silently: the names' language codes, the other way round, say so.
+    Other names (or one side's alone) are read as given."""
+    files = write_corpus(tmp_path)
+    named = {}
+    for split, paths in files.items():
+        named[split] = [str(tmp_path / f"{split}.de"), str(tmp_path / f"{split}.en.gz")]
+        for path, new in zip(paths, named[split]):
+            Path(new).write_bytes(gzip.compress(Path(path).read_bytes()) if new.endswith(".gz")
+                                  else Path(path).read_bytes())
+    cfg = DataConfig(train_files=named["train"], val_files=named["val"], src_lang="de", tgt_lang="en")
+    assert len(load_corpus(cfg)["train"]) == 300
+    cfg.src_lang, cfg.tgt_lang = "en", "de"
+    with pytest.raises(NMTError, match=re.escape(
+            "data.train_files [train.de, train.en.gz] is [source, target], but their names say "
+            "de->en, the reverse of en->de: give [train.en.gz, train.de]")):
+        load_corpus(cfg)
+    cfg.src_lang = "fr"  # fr->de: the names say nothing of the order
+    assert len(load_corpus(cfg)["train"]) == 300
+
+
 @pytest.mark.parametrize("suffix", ["", ".gz"])
 def test_files_of_different_lengths_are_an_error_when_only_a_prefix_is_read(tmp_path, suffix):
     """data.train_lines reads the first pairs alone: files of different lengths are still an

@@ -3,11 +3,14 @@ apart (the decoding and scoring themselves run end to end in test_cli)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from nmt.config import DataConfig
 from nmt.errors import NMTError
-from nmt.evaluate import eval_file_stem, margin_name, split_pairs
+from nmt.evaluate import eval_file_stem, evaluation_pairs, margin_name, split_pairs
 
 from .conftest import write_corpus
 
@@ -21,6 +24,19 @@ def test_split_pairs_reads_a_split_and_names_the_splits_there(tmp_path):
     assert references[0] == " ".join(reversed(sources[0].upper().split()))  # write_corpus's rule
     with pytest.raises(NMTError, match="split 'dev' not in the corpus; available: train, val, test"):
         split_pairs(data, "dev")
+
+
+def test_files_named_for_the_reverse_direction_are_an_error(tmp_path):
+    """evaluate --files test.en test.de of a de->en run translated the references and scored
+    them against the source text: a BLEU near 0, and no word on why."""
+    files = write_corpus(tmp_path, sizes=(("train", 5), ("val", 2), ("test", 3)))
+    data = DataConfig(train_files=files["train"], val_files=files["val"], data_dir=str(tmp_path))
+    for path, lang in zip(files["test"], ("de", "en")):
+        (tmp_path / f"test.{lang}").write_bytes(Path(path).read_bytes())
+    assert len(evaluation_pairs(data, "test", (str(tmp_path / "test.de"), str(tmp_path / "test.en")))[0]) == 3
+    with pytest.raises(NMTError, match=re.escape("--files [test.en, test.de] is [source, target], "
+                                                 "but their names say en->de")):
+        evaluation_pairs(data, "test", (str(tmp_path / "test.en"), str(tmp_path / "test.de")))
 
 
 def test_file_stem_names_each_option_given():

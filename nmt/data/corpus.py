@@ -300,11 +300,29 @@ def _named_files(cfg: DataConfig, needed: tuple[str, ...]) -> dict[str, Source]:
                 raise NMTError(f"data.{split}_files: {path} is a folder, not a file")
             if not Path(path).is_file():
                 raise NMTError(f"data.{split}_files: no such file: {path}")
+        check_file_languages(f"data.{split}_files", pair, cfg.src_lang, cfg.tgt_lang)
         files[split] = (str(pair[0]), str(pair[1]))
     if "train" not in files or "val" not in files:
         raise NMTError("named files replace the whole corpus: data.train_files and data.val_files "
                        "are both required with them (data.test_files is optional)")
     return files
+
+
+def check_file_languages(what: str, pair, src_lang: str, tgt_lang: str) -> None:
+    """A one-line error where two files given as [source, target] end in the pair's language
+    codes the other way round ([train.en, train.de] for de->en, as after flipping
+    --src-lang/--tgt-lang alone): read as given, a run learns the reverse direction under the
+    pair's name, and evaluate scores translations against the source text, silently."""
+    if [file_language(path) for path in pair] == [tgt_lang, src_lang]:
+        names = [Path(path).name for path in pair]
+        raise NMTError(f"{what} [{names[0]}, {names[1]}] is [source, target], but their names "
+                       f"say {tgt_lang}->{src_lang}, the reverse of {src_lang}->{tgt_lang}: give "
+                       f"[{names[1]}, {names[0]}]")
+
+
+def file_language(path: str) -> str:
+    """The language code a corpus file's name ends with: train.de and train.de.gz -> de."""
+    return Path(Path(path).name.removesuffix(".gz")).suffix.removeprefix(".")
 
 
 def local_files(cfg: DataConfig) -> dict[str, Source] | None:
