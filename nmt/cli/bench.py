@@ -25,9 +25,10 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         add_bench_command(what)
 
 def add_bench_train(what: argparse._SubParsersAction) -> None:
-    bench_train = what.add_parser("train", help="training tokens/s, FLOPs and utilisation")
+    bench_train = what.add_parser("train", help="training tokens/s, FLOPs and utilisation",
+                                  epilog="Any config key: --section.key VALUE.")
     bench_train.set_defaults(run_command=cmd_bench_train, takes_overrides=True, own_signals=True)
-    bench_train.add_argument("--config", required=True)
+    bench_train.add_argument("--config", required=True, help="YAML config, e.g. configs/transformer.yaml")
     bench_train.add_argument("--steps", type=positive_int, default=30, help="timed optimizer steps")
     bench_train.add_argument("--warmup", type=whole_number, default=5, help="untimed steps first")
     add_train_flags(bench_train, ("train_lines", "src_lang", "tgt_lang", "seed", "attention"))
@@ -45,8 +46,8 @@ def add_bench_decode(what: argparse._SubParsersAction) -> None:
     bench_decode.set_defaults(run_command=cmd_bench_decode)
     bench_decode.add_argument("--checkpoint", required=True, help="run directory")
     bench_decode.add_argument("--beam", type=positive_ints, default="1,5",
-                              help="comma-separated beam sizes")
-    bench_decode.add_argument("--split", default="test")
+                              help="comma-separated beam sizes (default 1,5)")
+    bench_decode.add_argument("--split", default="test", help="train | val | test (default test)")
     bench_decode.add_argument("--limit", type=positive_int, help="first N sentences only")
     bench_decode.add_argument("--repeat", type=positive_int, default=3,
                               help="timed passes per setting, taken in turn; the fastest counts")

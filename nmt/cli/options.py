@@ -22,13 +22,14 @@ SCORER_NAMES_PLACEHOLDER = "{scorer names}"
 # flag -> (the config key it sets, its type, its --help).
 TRAIN_FLAGS = {
     "run_dir": ("run_dir", str, "output folder (default checkpoints/<name>)"),
-    "max_epochs": ("trainer.max_epochs", int, None),
-    "max_time": ("trainer.max_time", str, "HH:MM:SS wall-clock limit"),
+    "max_epochs": ("trainer.max_epochs", int, "train at most N epochs (trainer.max_epochs)"),
+    "max_time": ("trainer.max_time", str, "HH:MM:SS of training, all the run's segments "
+                 "counted (start-up not)"),
     "train_lines": ("data.train_lines", int, "train on the first N lines"),
     "attention": ("model.attention", str, SCORER_NAMES_PLACEHOLDER),
-    "src_lang": ("data.src_lang", str, None),
-    "tgt_lang": ("data.tgt_lang", str, None),
-    "seed": ("seed", int, None),
+    "src_lang": ("data.src_lang", str, "source language code, e.g. de (data.src_lang)"),
+    "tgt_lang": ("data.tgt_lang", str, "target language code, e.g. en (data.tgt_lang)"),
+    "seed": ("seed", int, "random seed (batches, dropout, initialisation)"),
 }
 
 

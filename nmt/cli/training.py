@@ -15,7 +15,8 @@ from nmt.cli.options import (
 def add_train(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a model (resumes if the run directory has one)",
                            epilog="Any config key can be set as --section.key VALUE, "
-                                  "e.g. --trainer.strategy ddp --trainer.devices 2.")
+                                  "e.g. --trainer.max_steps 300, or --trainer.strategy ddp "
+                                  "--trainer.devices 2.")
     train.set_defaults(run_command=cmd_train, takes_overrides=True, own_signals=True)
     train.add_argument("--config", help="YAML config, e.g. configs/transformer.yaml")
     add_train_flags(train, tuple(TRAIN_FLAGS))
@@ -52,8 +53,10 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
     compare = sub.add_parser("compare", help="the attention study: families x scorers x seeds",
                              epilog="Other config keys apply to every cell: --section.key VALUE.")
     compare.set_defaults(run_command=cmd_compare, takes_overrides=True, own_signals=True)
-    compare.add_argument("--config", default="configs/compare.yaml")
-    compare.add_argument("--preset", default="quick", help="quick | full | study (see the config)")
+    compare.add_argument("--config", default="configs/compare.yaml",
+                         help="the study's config (default configs/compare.yaml)")
+    compare.add_argument("--preset", default="quick",
+                         help="a preset of the config: quick (default) | full | study")
     compare.add_argument("--seeds", type=positive_int,
                          help="seeds per cell in every group (default: the preset's)")
     compare.add_argument("--out", help="records, tables and figures (default study/<preset>)")
