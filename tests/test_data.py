@@ -300,6 +300,29 @@ def _hub_folder(folder: Path, files: dict) -> Path:
     return folder
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_hub_folder_of_tab_separated_files_reads_a_pair_a_line(tmp_path, streaming):
+    """A .tsv file is a pair a line, its quotes text: read with CSV quoting, a sentence that
+    opened with a double quote ran on to the next quote, lines later, as one row, and every
+    later pair shifted. A .csv file keeps its standard quoting."""
+    pairs = [("a", "A"), ('"Hallo, sagte er', "He said"), ("b", "B"), ("c", 'C "really"'),
+             ('"d"', 'D"')]
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    for name in ("train", "validation"):
+        (folder / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in [("de", "en"), *pairs]),
+                                            encoding="utf-8")
+    corpus = load_corpus(DataConfig(hub_dataset=str(folder), hub_streaming=streaming))
+    for split in ("train", "val"):
+        assert list(zip(*next(read_pairs(corpus.sources[split])))) == pairs
+    commas = tmp_path / "commas"
+    commas.mkdir()
+    for name in ("train", "validation"):
+        (commas / f"{name}.csv").write_text('de,en\n"a, b","""A"", B"\nc,C\n', encoding="utf-8")
+    corpus = load_corpus(DataConfig(hub_dataset=str(commas), hub_streaming=streaming))
+    assert list(zip(*next(read_pairs(corpus.sources["train"])))) == [("a, b", '"A", B'), ("c", "C")]
+
+
 def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):
     """data.hub_streaming reads the dataset as a stream, twice (sample, encode), and ends with
     the ids the downloaded dataset and the same pairs as text files give."""

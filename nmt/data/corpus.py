@@ -5,7 +5,8 @@ Three sources, tried in this order:
 2. unless ``data.hub_dataset`` is set, a local folder in the Multi30k layout:
    ``<data_dir>/<corpus>/{train,val,test_2016_flickr}.<lang>[.gz]``;
 3. a Hugging Face Hub dataset (``bentrevett/multi30k`` for multi30k, or ``data.hub_dataset``),
-   either with one column per language or with a ``translation`` column of {lang: text};
+   either with one column per language or with a ``translation`` column of {lang: text}
+   (a tab-separated file a pair a line, its quotes text: ``csv_options``);
    downloaded into the datasets cache, or with ``data.hub_streaming`` read as a stream (WMT
    size: nothing is stored but the prepared ids).
 
@@ -18,6 +19,7 @@ readers that split on those would silently shift every later pair by one.
 from __future__ import annotations
 
 import codecs
+import csv
 import itertools
 import re
 from collections.abc import Iterator, Mapping
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
+from datasets.packaged_modules.csv.csv import CsvConfig
 
 from nmt.config import DataConfig
 from nmt.errors import NMTError, first_line
@@ -364,7 +367,7 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
     local = Path(cfg.data_dir) / cfg.corpus
     pair = f"{cfg.src_lang}-{cfg.tgt_lang}"
     try:
-        hub = datasets.load_dataset(name, cfg.hub_config, streaming=cfg.hub_streaming)
+        hub = _load_dataset(name, cfg.hub_config, cfg.hub_streaming)
     except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
         if cfg.hub_dataset is not None:  # asked for by name: the local folder is not looked at
             raise NMTError(f"the Hub dataset '{name}' (data.hub_dataset) could not be loaded: "
@@ -387,6 +390,24 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
     if "train" not in corpus or "val" not in corpus:
         raise NMTError(f"Hub dataset '{name}' lacks a train or validation split: {list(hub)}")
     return corpus
+
+
+def _load_dataset(name: str, config: str | None, streaming: bool):
+    """``datasets.load_dataset``, with the options ``csv_options`` gives the dataset's files."""
+    builder = datasets.load_dataset_builder(name, config)  # resolves the files, reads none
+    return datasets.load_dataset(name, config, streaming=streaming, **csv_options(builder.config))
+
+
+def csv_options(config: datasets.BuilderConfig) -> dict:
+    """What datasets' CSV builder (pandas' reader) is told to read a parallel corpus' text as
+    written: a tab-separated file (``.tsv``) a row a line, its quotes text. With the CSV
+    default, a sentence starting with a double quote opened a quoted field that ran on to the
+    next quote, often many lines later: those lines became one row, and every pair after it
+    was silently misaligned. A comma-separated file keeps standard quoting, as
+    does a dataset that sets its own."""
+    if isinstance(config, CsvConfig) and config.sep == "\t" and config.quoting == csv.QUOTE_MINIMAL:
+        return {"quoting": csv.QUOTE_NONE}
+    return {}
 
 
 def _language_columns(split, src: str, tgt: str, name: str):
