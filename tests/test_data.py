@@ -301,12 +301,13 @@ def _hub_folder(folder: Path, files: dict) -> Path:
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-def test_a_hub_folder_of_tab_separated_files_reads_a_pair_a_line(tmp_path, streaming):
+def test_a_hub_folder_of_tsv_or_csv_files_reads_each_pair_as_written(tmp_path, streaming):
     """A .tsv file is a pair a line, its quotes text: read with CSV quoting, a sentence that
     opened with a double quote ran on to the next quote, lines later, as one row, and every
-    later pair shifted. A .csv file keeps its standard quoting."""
+    later pair shifted. A .csv file keeps its standard quoting. In either, what pandas reads
+    as a missing value is a sentence (it was an empty line), and an empty field is empty."""
     pairs = [("a", "A"), ('"Hallo, sagte er', "He said"), ("b", "B"), ("c", 'C "really"'),
-             ('"d"', 'D"')]
+             ('"d"', 'D"'), ("NA", "None"), ("null", "N/A"), ("", "nan")]
     folder = tmp_path / "hub"
     folder.mkdir()
     for name in ("train", "validation"):
@@ -318,9 +319,9 @@ def test_a_hub_folder_of_tab_separated_files_reads_a_pair_a_line(tmp_path, strea
     commas = tmp_path / "commas"
     commas.mkdir()
     for name in ("train", "validation"):
-        (commas / f"{name}.csv").write_text('de,en\n"a, b","""A"", B"\nc,C\n', encoding="utf-8")
+        (commas / f"{name}.csv").write_text('de,en\n"a, b","""A"", B"\nNULL,\n', encoding="utf-8")
     corpus = load_corpus(DataConfig(hub_dataset=str(commas), hub_streaming=streaming))
-    assert list(zip(*next(read_pairs(corpus.sources["train"])))) == [("a, b", '"A", B'), ("c", "C")]
+    assert list(zip(*next(read_pairs(corpus.sources["train"])))) == [("a, b", '"A", B'), ("NULL", "")]
 
 
 def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):

@@ -400,14 +400,20 @@ def _load_dataset(name: str, config: str | None, streaming: bool):
 
 def csv_options(config: datasets.BuilderConfig) -> dict:
     """What datasets' CSV builder (pandas' reader) is told to read a parallel corpus' text as
-    written: a tab-separated file (``.tsv``) a row a line, its quotes text. With the CSV
+    written. A tab-separated file (``.tsv``) is a row a line, its quotes text: with the CSV
     default, a sentence starting with a double quote opened a quoted field that ran on to the
-    next quote, often many lines later: those lines became one row, and every pair after it
-    was silently misaligned. A comma-separated file keeps standard quoting, as
-    does a dataset that sets its own."""
-    if isinstance(config, CsvConfig) and config.sep == "\t" and config.quoting == csv.QUOTE_MINIMAL:
-        return {"quoting": csv.QUOTE_NONE}
-    return {}
+    next quote, often many lines later; those lines became one row, and every pair after it
+    was silently misaligned. A comma-separated file keeps standard quoting. Either is text
+    where pandas sees a missing value ("NA", "None", "null", "nan", "N/A", ...): such a
+    sentence became an empty line. What a dataset sets itself is kept."""
+    if not isinstance(config, CsvConfig):
+        return {}
+    options = {}
+    if config.keep_default_na and config.na_values is None:
+        options["keep_default_na"] = False  # an empty field is still empty
+    if config.sep == "\t" and config.quoting == csv.QUOTE_MINIMAL:
+        options["quoting"] = csv.QUOTE_NONE
+    return options
 
 
 def _language_columns(split, src: str, tgt: str, name: str):
