@@ -324,6 +324,28 @@ def test_a_hub_folder_of_tsv_or_csv_files_reads_each_pair_as_written(tmp_path, s
     assert list(zip(*next(read_pairs(corpus.sources["train"])))) == [("a, b", '"A", B'), ("NULL", "")]
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("bad_line", [3, 10_003])  # in the first chunk pandas reads, or later
+def test_a_hub_file_that_cannot_be_read_is_one_line(tmp_path, capsys, streaming, bad_line):
+    """A row datasets' reader refuses (a .tsv line with a tab too many) is a one-line error
+    with the reader's reason, not "An error occurred while generating the dataset"; in a
+    stream, which reads its files as it goes (its first rows when opened, the rest while
+    being prepared), it was a traceback."""
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    rows = ["de\ten", *(f"s{i}\tt{i}" for i in range(10_010))]
+    rows[bad_line - 1] += "\tthird"
+    for name in ("train", "validation"):
+        (folder / f"{name}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert main(["prepare", f"data.hub_dataset={folder}", f"data.data_dir={tmp_path / 'data'}",
+                 f"data.hub_streaming={streaming}", "data.vocab_size=120"]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.match(rf"error: the Hub dataset '{re.escape(str(folder))}' .*could not be (loaded|read): "
+                    rf"Error tokenizing data. C error: Expected 2 fields in line {bad_line}, saw 3",
+                    error)
+    assert not list((tmp_path / "data").glob("prepared/*"))  # nothing half-built left
+
+
 def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):
     """data.hub_streaming reads the dataset as a stream, twice (sample, encode), and ends with
     the ids the downloaded dataset and the same pairs as text files give."""

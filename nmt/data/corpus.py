@@ -23,10 +23,12 @@ import csv
 import itertools
 import re
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
+from datasets.exceptions import DatasetGenerationError
 from datasets.packaged_modules.csv.csv import CsvConfig
 
 from nmt.config import DataConfig
@@ -129,15 +131,16 @@ def read_pairs(source: Source, limit: int | None = None) -> Iterator[tuple[list[
     else:
         chunks = _file_pairs(*source)
     left = limit if limit is not None else float("inf")
-    for src, tgt in chunks:
-        if left < len(src):
-            src, tgt = src[: int(left)], tgt[: int(left)]
-        left -= len(src)
-        yield src, tgt
-        if left <= 0:
-            if isinstance(source, tuple):  # files read in part: their lengths still must agree
-                check_same_length(*source, *map(line_count, source))
-            return
+    with stream_errors(source.name) if isinstance(source, HubStream) else nullcontext():
+        for src, tgt in chunks:
+            if left < len(src):
+                src, tgt = src[: int(left)], tgt[: int(left)]
+            left -= len(src)
+            yield src, tgt
+            if left <= 0:
+                if isinstance(source, tuple):  # files read in part: their lengths still must agree
+                    check_same_length(*source, *map(line_count, source))
+                return
 
 
 class Corpus(Mapping):
@@ -371,12 +374,12 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
     except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
         if cfg.hub_dataset is not None:  # asked for by name: the local folder is not looked at
             raise NMTError(f"the Hub dataset '{name}' (data.hub_dataset) could not be loaded: "
-                           f"{first_line(err)}. Drop data.hub_dataset to read {local}/, or set "
+                           f"{_reason(err)}. Drop data.hub_dataset to read {local}/, or set "
                            "data.train_files/data.val_files.") from None
         raise NMTError(
             f"corpus '{cfg.corpus}' ({pair}) not found locally in {local}/ "
             f"(train|val|test_2016_flickr).<lang>[.gz]{_languages_there(local)} and the Hub "
-            f"dataset '{name}' could not be loaded: {first_line(err)}. Put the files there or set "
+            f"dataset '{name}' could not be loaded: {_reason(err)}. Put the files there or set "
             "data.train_files/data.val_files."
         ) from None
     corpus = {}
@@ -384,12 +387,35 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
         found = next((n for n in names if n in hub), None)
         if found is not None:
             src, tgt = cfg.src_lang, cfg.tgt_lang
-            rows = _language_columns(hub[found], src, tgt, name)
+            with stream_errors(name) if cfg.hub_streaming else nullcontext():  # reads its first rows
+                rows = _language_columns(hub[found], src, tgt, name)
             corpus[split] = HubStream(name, cfg.hub_config, found, rows, src, tgt) \
                 if cfg.hub_streaming else HubSplit(rows, src, tgt)
     if "train" not in corpus or "val" not in corpus:
         raise NMTError(f"Hub dataset '{name}' lacks a train or validation split: {list(hub)}")
     return corpus
+
+
+def _reason(err: Exception) -> str:
+    """Why datasets could not load or read a dataset: the first line of its reader's error
+    where datasets wraps it in one of its own ("An error occurred while generating the
+    dataset")."""
+    if isinstance(err, DatasetGenerationError) and err.__cause__ is not None:
+        return first_line(err.__cause__)
+    return first_line(err)
+
+
+@contextmanager
+def stream_errors(name: str) -> Iterator[None]:
+    """A Hub stream that cannot be read on (a malformed line, a lost connection) as a one-line
+    error: a stream reads its files as it goes, and datasets passes on its readers' errors,
+    of many types (pandas', pyarrow's, json's, OSError)."""
+    try:
+        yield
+    except NMTError:
+        raise
+    except Exception as err:
+        raise NMTError(f"the Hub dataset '{name}' could not be read: {_reason(err)}") from None
 
 
 def _load_dataset(name: str, config: str | None, streaming: bool):
