@@ -934,6 +934,28 @@ def test_a_corpus_name_with_slashes_is_prepared_under_prepared(tmp_path, corpus)
     assert folder.name.startswith(corpus.replace("/", "--") + ".de-en.")
 
 
+def test_a_prepared_folder_is_named_after_what_it_was_prepared_from(tmp_path):
+    """Named files were prepared into a folder named after data.corpus (multi30k.de-en....):
+    it is named after the files now, in either direction, and a local dataset folder after
+    that folder (not its path, with "/" as "--")."""
+    from nmt.data.prepare import prepared_dir
+
+    folder = tmp_path / "iwslt14"
+    folder.mkdir()
+    for name in ("train.de", "train.en", "val.de", "val.en"):
+        (folder / name).write_text("a b\n", encoding="utf-8")
+    named = []
+    for src, tgt in (("de", "en"), ("en", "de")):
+        cfg = DataConfig(data_dir=str(tmp_path / "data"), src_lang=src, tgt_lang=tgt,
+                         train_files=[str(folder / f"train.{lang}") for lang in (src, tgt)],
+                         val_files=[str(folder / f"val.{lang}") for lang in (src, tgt)])
+        named.append(prepared_dir(cfg, split_sources(cfg)).name)
+    assert named[0] == named[1] and named[0].startswith("iwslt14-train.de-en.")
+    hub = _hub_folder(tmp_path / "my_tsv", write_corpus(tmp_path))
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), hub_dataset=str(hub))
+    assert prepared_dir(cfg, split_sources(cfg)).name.startswith("my_tsv.de-en.")
+
+
 def test_encoding_threads_are_the_cpus_this_process_may_run_on(tmp_path, monkeypatch):
     """A job given 1 of a machine's 64 cores (taskset, Slurm, a container's cpuset) encoded its
     corpus with 64 threads on that core: os.cpu_count() counts the machine's."""

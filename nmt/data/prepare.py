@@ -2,7 +2,8 @@
 sample, encode every split with all cores, and write the piece ids as flat arrays that
 training memory-maps (its memory does not grow with the corpus).
 
-``<data_dir>/prepared/<corpus>.<lang1>-<lang2>.<key>/`` holds
+``<data_dir>/prepared/<name>.<lang1>-<lang2>.<key>/`` (``<name>``: what it was prepared from,
+``_named_after``) holds
 
 * ``spm.model``: the joint SentencePiece model;
 * ``<split>.<lang>.ids``: every sentence's piece ids end to end (dtype in ``meta.json``);
@@ -58,9 +59,22 @@ def prepared_dir(cfg: DataConfig, sources: dict[str, Source]) -> Path:
               for split, source in sources.items()}
     key = json.dumps([FORMAT, inputs, cfg.train_lines, cfg.vocab_size, cfg.spm_sample])
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-    # one folder under prepared/ whatever the name holds (a Hub "owner/name", "../x")
-    name = (cfg.hub_dataset or cfg.corpus).replace("/", "--")
-    return Path(cfg.data_dir) / "prepared" / f"{name}.{'-'.join(langs)}.{digest}"
+    return Path(cfg.data_dir) / "prepared" / f"{_named_after(cfg, sources)}.{'-'.join(langs)}.{digest}"
+
+
+def _named_after(cfg: DataConfig, sources: dict[str, Source]) -> str:
+    """What a prepared folder's name says it holds (the key alone tells folders apart): named
+    training files' folder and the start their names share (``iwslt14-train`` for
+    iwslt14/train.{de,en}; these were named after data.corpus, multi30k), a local dataset
+    folder's name, or the Hub dataset or the corpus, with "/" as "--" (one folder under
+    prepared/ whatever the name holds: a Hub "owner/name", "../x")."""
+    if cfg.train_files:
+        paths = [Path(path).absolute() for path in sources["train"]]
+        shared = os.path.commonprefix([path.name for path in paths]).rstrip(".-_ ")
+        return "-".join(filter(None, (paths[0].parent.name, shared))) or "files"
+    if cfg.hub_dataset and Path(cfg.hub_dataset).is_dir():
+        return Path(cfg.hub_dataset).absolute().name or "dataset"
+    return (cfg.hub_dataset or cfg.corpus).replace("/", "--")
 
 
 def _described(cfg: DataConfig, source: Source) -> str:
