@@ -31,7 +31,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 from nmt.average import final_weights
 from nmt.config import DECODING_PRECISIONS, Config, DecodingConfig, OptimConfig, run_dir_of, save_config
 from nmt.data.batching import Batch, TokenBatchSampler
-from nmt.data.corpus import local_sources
+from nmt.data.corpus import split_sources
 from nmt.data.module import (
     PreparedData,
     TranslationDataModule,
@@ -440,11 +440,11 @@ def train_into(config: Config, run_dir: Path) -> None:
     resume_from = check_resumable(config, run_dir)
     if resume_from is not None and nothing_to_train(config, resume_from):
         return
-    # A local corpus that is missing: one line, before the Trainer's; a Hub corpus is looked
-    # up with the data, after Lightning has checked its options
-    local_sources(config.data)
+    # A corpus that cannot be found (no local files, the Hub unreachable): one line, before
+    # the precision probe's and the Trainer's lines (a Hub dataset is downloaded here, once)
+    sources = split_sources(config.data)
     trainer = build_trainer(config, run_dir)  # Lightning checks the rest of its options here
-    data = prepare_data(config.data)
+    data = prepare_data(config.data, sources)
     references = list(data.text["val"]["tgt"])
     if not references:  # else it fails at the first validation, after training
         raise NMTError("the validation split is empty: training validates and keeps checkpoints by it")

@@ -140,6 +140,24 @@ def test_training_passes_on_none_of_lightnings_noise(tmp_path, monkeypatch, sile
     assert any(m.startswith("GPU available") for m in logged)  # Lightning's other news stays
 
 
+def test_a_corpus_not_found_is_said_before_the_trainer_is_built(tmp_path, monkeypatch, capsys):
+    """No local files and the Hub unreachable: the one-line error came after the precision
+    probe's lines and Lightning's ("GPU available: False ..."), from building the Trainer."""
+    monkeypatch.setattr("datasets.config.HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", tmp_path / "hf_cache")  # no copy
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+
+    def build_trainer(*args):
+        raise AssertionError("the Trainer was built before the corpus was found")
+
+    monkeypatch.setattr("nmt.training.build_trainer", build_trainer)
+    assert main(["train", "--run-dir", str(tmp_path / "run"), f"data.data_dir={tmp_path}"]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: corpus 'multi30k' (de-en) not found locally in ")
+    assert "bentrevett/multi30k" in error and error.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_run_resumed_without_early_stopping_or_kept_checkpoints_says_nothing_of_them(tmp_path):
     """Turning early stopping and checkpoint keeping off between segments is allowed
     (RESUMABLE_CHANGES); Lightning still asked the user to add those callbacks back."""

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from nmt.config import DataConfig
 from nmt.data.batching import PairDataset, ResumableLoader, TokenBatchSampler, decoding_loader
-from nmt.data.corpus import Corpus, load_corpus
+from nmt.data.corpus import Corpus, Source, split_sources
 from nmt.data.prepare import load_side, prepare
 from nmt.data.tokenizer import Tokenizer
 
@@ -27,10 +27,12 @@ class PreparedData:
     tgt_lang: str
 
 
-def prepare_data(cfg: DataConfig) -> PreparedData:
-    """Prepare the corpus unless already done (cached), and open it."""
-    folder = prepare(cfg)
-    return PreparedData(folder, Tokenizer(folder / "spm.model"), load_corpus(cfg),
+def prepare_data(cfg: DataConfig, sources: dict[str, Source] | None = None) -> PreparedData:
+    """Prepare the corpus unless already done (cached), and open it; ``sources``: its splits'
+    (``split_sources``), where found already. A Hub dataset is loaded once."""
+    sources = split_sources(cfg) if sources is None else sources
+    folder = prepare(cfg, sources)
+    return PreparedData(folder, Tokenizer(folder / "spm.model"), Corpus(sources, cfg.train_lines),
                         cfg.src_lang, cfg.tgt_lang)
 
 

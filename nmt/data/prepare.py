@@ -89,10 +89,11 @@ def _sides(source: Source) -> list:
     return identity if len(identity) == 2 else identity * 2  # a dataset holds both sides
 
 
-def prepare(cfg: DataConfig) -> Path:
-    """The prepared folder for ``cfg``, built now if missing. Under several processes (DDP)
-    only local rank 0 builds it; the others wait for it."""
-    sources = split_sources(cfg)
+def prepare(cfg: DataConfig, sources: dict[str, Source] | None = None) -> Path:
+    """The prepared folder for ``cfg``, built now if missing; ``sources``: its splits'
+    (``split_sources``), where found already. Under several processes (DDP) only local rank 0
+    builds it; the others wait for it."""
+    sources = split_sources(cfg) if sources is None else sources
     folder = prepared_dir(cfg, sources)
     if (folder / "meta.json").is_file():
         return folder
