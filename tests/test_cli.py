@@ -1312,3 +1312,14 @@ def test_a_command_run_from_another_thread_is_not_a_signal_error(tmp_path, capsy
     worker.join()
     assert codes == [1] and capsys.readouterr().err.startswith("error: ")
     assert signal.getsignal(signal.SIGTERM) is handler  # the main thread's, untouched
+
+
+@pytest.mark.parametrize("argv", [["translate", "--beam", "x"], ["translat"], ["translate"], []])
+def test_a_command_line_argparse_refuses_is_one_line(argv, capsys):
+    """Exit status 2 and one line naming the command and its --help, not argparse's usage
+    block above it (12 lines for translate)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("error: nmt")
+    assert err.rstrip().endswith("--help)") and "usage:" not in err

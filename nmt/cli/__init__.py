@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from typing import NoReturn
 
 from nmt.allocator import keep_freed_memory
 from nmt.cli.bench import add_bench
@@ -41,6 +42,11 @@ class Parser(argparse.ArgumentParser):
         if not hasattr(namespace, "known_options"):
             namespace.known_options = [o for action in self._actions for o in action.option_strings]
         return namespace, extra
+
+    def error(self, message: str) -> NoReturn:
+        """One line and exit status 2, as argparse's, without the usage block it prints
+        first (12 lines for ``nmt translate``, above the one that says what is wrong)."""
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def parser() -> argparse.ArgumentParser:
