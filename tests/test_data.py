@@ -326,6 +326,20 @@ def test_a_hub_folder_of_tsv_or_csv_files_reads_each_pair_as_written(tmp_path, s
 
 
 @pytest.mark.parametrize("streaming", [False, True])
+def test_a_hub_file_of_numbers_keeps_their_text(tmp_path, streaming):
+    """A column pandas takes for numbers (every value in a chunk of its rows looks like one)
+    is text as written: read as numbers, "007" became "7" and "1.50" "1.5", silently."""
+    pairs = [("007", "7"), ("1.50", "1,50"), ("2e3", "2000"), ("12", "0012")]
+    folder = tmp_path / "numbers"
+    folder.mkdir()
+    for name in ("train", "validation"):
+        (folder / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in [("de", "en"), *pairs]),
+                                            encoding="utf-8")
+    corpus = load_corpus(DataConfig(hub_dataset=str(folder), hub_streaming=streaming))
+    assert list(zip(*next(read_pairs(corpus.sources["train"])))) == pairs
+
+
+@pytest.mark.parametrize("streaming", [False, True])
 @pytest.mark.parametrize("bad_line", [3, 10_003])  # in the first chunk pandas reads, or later
 def test_a_hub_file_that_cannot_be_read_is_one_line(tmp_path, capsys, streaming, bad_line):
     """A row datasets' reader refuses (a .tsv line with a tab too many) is a one-line error

@@ -370,7 +370,7 @@ def _from_hub(cfg: DataConfig) -> dict[str, Source]:
     local = Path(cfg.data_dir) / cfg.corpus
     pair = f"{cfg.src_lang}-{cfg.tgt_lang}"
     try:
-        hub = _load_dataset(name, cfg.hub_config, cfg.hub_streaming)
+        hub = _load_dataset(name, cfg.hub_config, cfg.hub_streaming, (cfg.src_lang, cfg.tgt_lang))
     except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
         if cfg.hub_dataset is not None:  # asked for by name: the local folder is not looked at
             raise NMTError(f"the Hub dataset '{name}' (data.hub_dataset) could not be loaded: "
@@ -418,23 +418,27 @@ def stream_errors(name: str) -> Iterator[None]:
         raise NMTError(f"the Hub dataset '{name}' could not be read: {_reason(err)}") from None
 
 
-def _load_dataset(name: str, config: str | None, streaming: bool):
+def _load_dataset(name: str, config: str | None, streaming: bool, languages: tuple[str, str]):
     """``datasets.load_dataset``, with the options ``csv_options`` gives the dataset's files."""
     builder = datasets.load_dataset_builder(name, config)  # resolves the files, reads none
-    return datasets.load_dataset(name, config, streaming=streaming, **csv_options(builder.config))
+    return datasets.load_dataset(name, config, streaming=streaming,
+                                 **csv_options(builder.config, languages))
 
 
-def csv_options(config: datasets.BuilderConfig) -> dict:
+def csv_options(config: datasets.BuilderConfig, languages: tuple[str, str]) -> dict:
     """What datasets' CSV builder (pandas' reader) is told to read a parallel corpus' text as
     written. A tab-separated file (``.tsv``) is a row a line, its quotes text: with the CSV
     default, a sentence starting with a double quote opened a quoted field that ran on to the
     next quote, often many lines later; those lines became one row, and every pair after it
     was silently misaligned. A comma-separated file keeps standard quoting. Either is text
     where pandas sees a missing value ("NA", "None", "null", "nan", "N/A", ...): such a
-    sentence became an empty line. What a dataset sets itself is kept."""
+    sentence became an empty line; and where it sees numbers (a chunk of rows that all look
+    like one): "007" became "7", "1.50" "1.5". What a dataset sets itself is kept."""
     if not isinstance(config, CsvConfig):
         return {}
     options = {}
+    if config.converters is None and config.features is None:  # the pair's columns as text
+        options["converters"] = dict.fromkeys(languages, str)  # a column the file lacks: ignored
     if config.keep_default_na and config.na_values is None:
         options["keep_default_na"] = False  # an empty field is still empty
     if config.sep == "\t" and config.quoting == csv.QUOTE_MINIMAL:
