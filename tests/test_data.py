@@ -971,6 +971,26 @@ def test_a_prepared_folder_is_named_after_what_it_was_prepared_from(tmp_path):
     assert prepared_dir(cfg, split_sources(cfg)).name.startswith("my_tsv.de-en.")
 
 
+def test_files_named_from_the_folder_above_are_named_after_that_folder(tmp_path, monkeypatch):
+    """train_files=[../train.de,../train.en] was prepared into "..-train.de-en.<key>", a
+    hidden folder named after "..", and a dataset folder given as "my_tsv/sub/.." into
+    "...de-en.<key>": each is named after the folder ".." stands for."""
+    from nmt.data.prepare import prepared_dir
+
+    folder = tmp_path / "iwslt14"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("train.de", "train.en", "val.de", "val.en"):
+        (folder / name).write_text("a b\n", encoding="utf-8")
+    monkeypatch.chdir(folder / "sub")
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), train_files=["../train.de", "../train.en"],
+                     val_files=["../val.de", "../val.en"])
+    assert prepared_dir(cfg, split_sources(cfg)).name.startswith("iwslt14-train.de-en.")
+    hub = _hub_folder(tmp_path / "my_tsv", write_corpus(tmp_path))
+    (hub / "sub").mkdir()
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), hub_dataset=str(hub / "sub" / ".."))
+    assert prepared_dir(cfg, split_sources(cfg)).name.startswith("my_tsv.de-en.")
+
+
 def test_sentencepiece_refusing_a_corpus_is_one_line_and_leaves_nothing(tmp_path):
     """SentencePiece's own error, from the process it trains in, is the message."""
     with pytest.raises(NMTError, match=r"^SentencePiece training failed: .*Vocabulary size is "

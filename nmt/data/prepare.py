@@ -68,12 +68,14 @@ def _named_after(cfg: DataConfig, sources: dict[str, Source]) -> str:
     iwslt14/train.{de,en}; these were named after data.corpus, multi30k), a local dataset
     folder's name, or the Hub dataset or the corpus, with "/" as "--" (one folder under
     prepared/ whatever the name holds: a Hub "owner/name", "../x")."""
+    # abspath, not Path.absolute: "../train.de" is in the folder above, not in one named ".."
+    # (nor resolve: a linked folder is named as the user named it)
     if cfg.train_files:
-        paths = [Path(path).absolute() for path in sources["train"]]
+        paths = [Path(os.path.abspath(path)) for path in sources["train"]]
         shared = os.path.commonprefix([path.name for path in paths]).rstrip(".-_ ")
         return "-".join(filter(None, (paths[0].parent.name, shared))) or "files"
     if cfg.hub_dataset and Path(cfg.hub_dataset).is_dir():
-        return Path(cfg.hub_dataset).absolute().name or "dataset"
+        return Path(os.path.abspath(cfg.hub_dataset)).name or "dataset"
     return (cfg.hub_dataset or cfg.corpus).replace("/", "--")
 
 
