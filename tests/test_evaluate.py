@@ -34,9 +34,11 @@ def test_files_named_for_the_reverse_direction_are_an_error(tmp_path):
     for path, lang in zip(files["test"], ("de", "en")):
         (tmp_path / f"test.{lang}").write_bytes(Path(path).read_bytes())
     assert len(evaluation_pairs(data, "test", (str(tmp_path / "test.de"), str(tmp_path / "test.en")))[0]) == 3
-    with pytest.raises(NMTError, match=re.escape("--files [test.en, test.de] is [source, target], "
-                                                 "but their names say en->de")):
-        evaluation_pairs(data, "test", (str(tmp_path / "test.en"), str(tmp_path / "test.de")))
+    en, de = str(tmp_path / "test.en"), str(tmp_path / "test.de")
+    with pytest.raises(NMTError, match=re.escape(  # the option as typed: [a, b] is no --files
+            f"--files {en} {de} is [source, target], but their names say en->de, the reverse "
+            f"of de->en: give --files {de} {en}")):
+        evaluation_pairs(data, "test", (en, de))
 
 
 def test_file_stem_names_each_option_given():

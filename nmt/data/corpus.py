@@ -318,12 +318,16 @@ def check_file_languages(what: str, pair, src_lang: str, tgt_lang: str) -> None:
     """A one-line error where two files given as [source, target] end in the pair's language
     codes the other way round ([train.en, train.de] for de->en, as after flipping
     --src-lang/--tgt-lang alone): read as given, a run learns the reverse direction under the
-    pair's name, and evaluate scores translations against the source text, silently."""
+    pair's name, and evaluate scores translations against the source text, silently. ``what``
+    names the option: a command line's (``--files``, two arguments) is shown as typed."""
     if [file_language(path) for path in pair] == [tgt_lang, src_lang]:
-        names = [Path(path).name for path in pair]
-        raise NMTError(f"{what} [{names[0]}, {names[1]}] is [source, target], but their names "
-                       f"say {tgt_lang}->{src_lang}, the reverse of {src_lang}->{tgt_lang}: give "
-                       f"[{names[1]}, {names[0]}]")
+        if what.startswith("--"):
+            given, order = f"{what} {pair[0]} {pair[1]}", f"{what} {pair[1]} {pair[0]}"
+        else:
+            names = [Path(path).name for path in pair]
+            given, order = f"{what} [{names[0]}, {names[1]}]", f"[{names[1]}, {names[0]}]"
+        raise NMTError(f"{given} is [source, target], but their names say {tgt_lang}->{src_lang}, "
+                       f"the reverse of {src_lang}->{tgt_lang}: give {order}")
 
 
 def file_language(path: str) -> str:
