@@ -301,6 +301,16 @@ def _hub_folder(folder: Path, files: dict) -> Path:
     return folder
 
 
+def _tsv_folder(folder: Path, pairs: list[tuple[str, str]]) -> Path:
+    """A local Hub dataset of tab-separated train and validation files, both of ``pairs``
+    under a de/en header, written as they are (no quoting)."""
+    folder.mkdir()
+    for name in ("train", "validation"):
+        (folder / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in [("de", "en"), *pairs]),
+                                            encoding="utf-8")
+    return folder
+
+
 @pytest.mark.parametrize("streaming", [False, True])
 def test_a_hub_folder_of_tsv_or_csv_files_reads_each_pair_as_written(tmp_path, streaming):
     """A .tsv file is a pair a line, its quotes text: read with CSV quoting, a sentence that
@@ -309,11 +319,7 @@ def test_a_hub_folder_of_tsv_or_csv_files_reads_each_pair_as_written(tmp_path, s
     as a missing value is a sentence (it was an empty line), and an empty field is empty."""
     pairs = [("a", "A"), ('"Hallo, sagte er', "He said"), ("b", "B"), ("c", 'C "really"'),
              ('"d"', 'D"'), ("NA", "None"), ("null", "N/A"), ("", "nan")]
-    folder = tmp_path / "hub"
-    folder.mkdir()
-    for name in ("train", "validation"):
-        (folder / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in [("de", "en"), *pairs]),
-                                            encoding="utf-8")
+    folder = _tsv_folder(tmp_path / "hub", pairs)
     corpus = load_corpus(DataConfig(hub_dataset=str(folder), hub_streaming=streaming))
     for split in ("train", "val"):
         assert list(zip(*next(read_pairs(corpus.sources[split])))) == pairs
@@ -330,11 +336,7 @@ def test_a_hub_file_of_numbers_keeps_their_text(tmp_path, streaming):
     """A column pandas takes for numbers (every value in a chunk of its rows looks like one)
     is text as written: read as numbers, "007" became "7" and "1.50" "1.5", silently."""
     pairs = [("007", "7"), ("1.50", "1,50"), ("2e3", "2000"), ("12", "0012")]
-    folder = tmp_path / "numbers"
-    folder.mkdir()
-    for name in ("train", "validation"):
-        (folder / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in [("de", "en"), *pairs]),
-                                            encoding="utf-8")
+    folder = _tsv_folder(tmp_path / "numbers", pairs)
     corpus = load_corpus(DataConfig(hub_dataset=str(folder), hub_streaming=streaming))
     assert list(zip(*next(read_pairs(corpus.sources["train"])))) == pairs
 
