@@ -360,6 +360,28 @@ def test_sigterm_before_the_server_serves_ends_it_as_once_it_serves(runs, owner,
     assert process.returncode == 0 and "Traceback" not in process.stderr, process.stderr[-2000:]
 
 
+def test_sigterm_while_the_server_imports_ends_it_as_once_it_serves(runs):
+    """SIGTERM while nmt serve imported torch and LitServe (seconds, before its models were
+    checked) killed it (143 in a shell; a failure to systemd), where later it exits 0."""
+    _, paths, _ = runs
+    code = f"""if True:
+        import builtins, os, signal, sys
+        from nmt.cli import main
+
+        load = builtins.__import__
+
+        def stopped(name, *args, **kwargs):  # the signal, as it comes while the server imports
+            if name == "nmt.serve":
+                os.kill(os.getpid(), signal.SIGTERM)
+            return load(name, *args, **kwargs)
+
+        builtins.__import__ = stopped
+        sys.exit(main(["serve", "--checkpoint", {str(paths[0])!r}, "--port", "{free_port()}"]))"""
+    process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300)
+    assert process.returncode == 0 and "Traceback" not in process.stderr, process.stderr[-2000:]
+
+
 def inference_workers(process) -> list[int]:
     """The pids of server ``process``'s LitServe inference workers: in its process group,
     spawned (multiprocessing's spawn_main runs them), read from Linux's /proc."""
