@@ -1098,3 +1098,17 @@ def test_a_preparation_stopped_by_sigterm_leaves_no_build_folder(tmp_path):
     assert process.returncode == 143, process.stderr
     assert process.stderr.endswith("stopped by SIGTERM\n"), process.stderr
     assert list((tmp_path / "data" / "prepared").iterdir()) == []
+
+
+def test_sentencepiece_child_imports_nmt_from_the_parents_path(tmp_path, monkeypatch):
+    """SentencePiece trains in a child interpreter, which must import nmt where this process
+    did: a script that put an uninstalled checkout on its sys.path got no nmt in the child,
+    or another one. Here an nmt first on the path answers for the child, and is heard."""
+    tokenizer = tmp_path / "other" / "nmt" / "data" / "tokenizer.py"
+    tokenizer.parent.mkdir(parents=True)
+    for package in (tokenizer.parent, tokenizer.parent.parent):
+        (package / "__init__.py").write_text("")
+    tokenizer.write_text("import sys\ndef train_child():\n    sys.exit('the nmt first on the path')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "other"))  # nmt itself is imported already
+    with pytest.raises(NMTError, match="SentencePiece training failed: the nmt first on the path"):
+        train_tokenizer(["a few words", "and a few more"], tmp_path / "spm.model", 12)

@@ -83,7 +83,10 @@ def _train_apart(texts: list[str], prefix: str, vocab_size: int) -> None:
     thread pool SentencePiece shares with torch (libgomp), whose threads a fork leaves behind.
     Started as a command, not by multiprocessing's spawn, which runs the caller's main script
     again in the child (a script calling ``train`` without a ``__main__`` guard)."""
-    command = [sys.executable, "-c", "from nmt.data.tokenizer import train_child; train_child()"]
+    # The child imports this module where the parent did: a script that put a checkout on its
+    # sys.path would otherwise get another nmt, or none
+    command = [sys.executable, "-c", "import sys; sys.path[:] = sys.argv[1:]; "
+               "from nmt.data.tokenizer import train_child; train_child()", *sys.path]
     with subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE) as child:
         try:
             _, err = child.communicate(pickle.dumps((texts, prefix, vocab_size)))
