@@ -5,11 +5,13 @@ and dropout chosen by the epochs the budget buys."""
 from __future__ import annotations
 
 import os
+import signal
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, WeightAveraging
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from nmt.schedules import budget_horizon, steps_per_epoch
 
@@ -55,6 +57,29 @@ class StopAtBudget(L.Callback):
             and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         if steps_done or last_epoch_done:
             trainer.should_stop = True
+
+
+def raise_sigterm(signum, frame) -> None:
+    """A signal handler: ``SIGTERMException`` where the process is, as Ctrl-C raises
+    ``KeyboardInterrupt``."""
+    raise SIGTERMException
+
+
+class StopAtOnceOnSigterm(L.Callback):
+    """Under DDP, SIGTERM (a scheduler's stop) ends each process that gets it at once, as
+    Ctrl-C does, instead of Lightning's handler, which broadcasts from inside the handler to
+    stop every process at the next batch: that broadcast pairs with whatever collective the
+    other processes are in, and a SIGTERM to the whole process group (scancel, systemd, the
+    process group's ``kill``) hung the run (Lightning issue 20806). Nothing is lost: Lightning
+    saves no checkpoint at a SIGTERM either, and the run resumes from the last.ckpt of its last
+    validation (written atomically). ``nmt.training.fit`` stops the processes that got no
+    signal."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning registers its handlers after on_fit_start, and restores the earlier ones
+        # when fit ends
+        if trainer.world_size > 1:
+            signal.signal(signal.SIGTERM, raise_sigterm)
 
 
 class RunCheckpoint(ModelCheckpoint):

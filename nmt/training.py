@@ -16,6 +16,7 @@ import datetime
 import json
 import math
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -572,16 +573,28 @@ def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDa
         resume_from: Path | None) -> None:
     """``trainer.fit``, with its ends by a signal made ours: Lightning ends a run stopped by
     SIGTERM (a scheduler's pre-emption, ``kill``) with a bare SystemExit, i.e. exit status 0 as
-    if it had finished, and one stopped by Ctrl-C with exit status 1."""
+    if it had finished, and one stopped by Ctrl-C with exit status 1. Under DDP the first
+    process alone says so, once, and stops the processes it started (``stop_workers``)."""
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
-    except SystemExit as stop:
+    except SIGTERMException:  # also raised by StopAtOnceOnSigterm, wherever the process was
+        if not trainer.is_global_zero:
+            raise SystemExit(1) from None
+        stop_workers(trainer)
+        raise NMTError("stopped by SIGTERM: the same command resumes the run from its last "
+                       "checkpoint") from None
+    except SystemExit:
         if not trainer.interrupted:
             raise
-        if isinstance(stop, SIGTERMException):
-            raise NMTError("stopped by SIGTERM: the same command resumes the run from its last "
-                           "checkpoint") from None
         raise KeyboardInterrupt from None  # the command line's "interrupted", exit status 130
+
+
+def stop_workers(trainer: L.Trainer) -> None:
+    """Kill the processes Lightning's DDP launcher started (none elsewhere), as Lightning does
+    after Ctrl-C: one that got no signal waits for this one in a collective, and would
+    otherwise fail there when it leaves, with a traceback."""
+    if trainer.strategy.launcher is not None:
+        trainer.strategy.launcher.kill(signal.SIGKILL)
 
 
 def print_effective_batch(config: Config, trainer: L.Trainer) -> None:

@@ -242,6 +242,52 @@ def test_a_run_stopped_by_a_signal_says_so_and_fails(corpus, tmp_path, signal_nu
     assert not (tmp_path / "train_stats.json").exists()  # not finished
 
 
+DDP = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "trainer.val_check_interval=2"]
+
+
+def start_ddp_run(corpus, tmp_path) -> tuple[subprocess.Popen, Path]:
+    """A run of two DDP processes with slowed steps, in a process group of its own (as a
+    terminal's job or a scheduler's), once its first checkpoint is written. The launcher runs
+    the same script again for the second process, so it is a file, not ``-c``."""
+    script = tmp_path / "slow_main.py"
+    script.write_text(SLOW_MAIN)
+    folder, files = corpus
+    run_dir = tmp_path / "run"
+    command = tiny_train_args(files, run_dir, folder / "data", epochs=5) + DDP
+    process = subprocess.Popen([sys.executable, str(script), *command], cwd=REPO,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (run_dir / "last.ckpt").exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    return process, run_dir
+
+
+def ended_within(process: subprocess.Popen, seconds: float) -> str:
+    """The run's stderr once every process of it has ended (each holds the pipe), failing
+    where that took longer than ``seconds``."""
+    try:
+        return process.communicate(timeout=seconds)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"the run's processes were still running {seconds} s after the signal")
+
+
+@pytest.mark.parametrize("to_the_group", [True, False], ids=["process-group", "first-process"])
+def test_sigterm_stops_every_ddp_process_at_once_with_one_line(corpus, tmp_path, to_the_group):
+    """SIGTERM to a DDP run's process group (scancel, systemd) hung it, in Lightning's handler
+    (a broadcast from inside it, issue 20806); to its first process alone each process printed
+    the line. Now every process ends within seconds, and the first says so once."""
+    process, run_dir = start_ddp_run(corpus, tmp_path)
+    (os.killpg if to_the_group else os.kill)(process.pid, signal.SIGTERM)
+    err = ended_within(process, 15)
+    assert process.returncode == 1, err[-2000:]
+    assert err.splitlines()[-1] == ("error: stopped by SIGTERM: the same command resumes the run "
+                                    "from its last checkpoint")
+    assert err.count("stopped by SIGTERM") == 1 and "Traceback" not in err, err[-2000:]
+    assert (run_dir / "last.ckpt").is_file() and not (run_dir / "train_stats.json").exists()
+
+
 def test_a_finished_run_trained_on_and_interrupted_is_not_finished(corpus, straight_dir, tmp_path,
                                                                     monkeypatch):
     """A finished run resumed with more epochs and stopped before it ends has no train_stats.json:
