@@ -288,6 +288,23 @@ def test_sigterm_stops_every_ddp_process_at_once_with_one_line(corpus, tmp_path,
     assert (run_dir / "last.ckpt").is_file() and not (run_dir / "train_stats.json").exists()
 
 
+def test_a_ddp_worker_dies_with_the_process_that_started_it(corpus, tmp_path):
+    """The first process killed (SIGKILL: the OOM killer) while the second starts up left that
+    one waiting for it in the rendezvous, for the process group's 30-minute timeout, after the
+    command had ended. It now dies with it."""
+    folder, files = corpus
+    command = tiny_train_args(files, tmp_path / "run", folder / "data", epochs=5) + DDP
+    process = subprocess.Popen([sys.executable, "-m", "nmt", *command], cwd=REPO,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Said once the second process is started; it needs seconds more to join
+    while "Initializing distributed: GLOBAL_RANK: 0" not in (line := process.stderr.readline()):
+        assert line, "the run ended before starting its second process"
+    time.sleep(1)
+    process.kill()
+    ended_within(process, 10)
+
+
 def test_a_finished_run_trained_on_and_interrupted_is_not_finished(corpus, straight_dir, tmp_path,
                                                                     monkeypatch):
     """A finished run resumed with more epochs and stopped before it ends has no train_stats.json:
