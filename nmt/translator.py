@@ -84,8 +84,8 @@ def check_max_len_ratio(ratio: float) -> None:
 def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None,
                      vocab: int | None = None) -> tuple[int, float]:
     """Beam size and length penalty: the arguments given, else the run's decoding config;
-    an impossible beam / n-best pair, a beam over the ``vocab`` size, a negative prune margin
-    or output length ratio is a one-line error."""
+    an impossible beam / n-best pair, a beam over the ``vocab`` size, a negative length
+    penalty, prune margin or output length ratio is a one-line error."""
     check_max_len_ratio(dec.max_len_ratio)
     beam_size = dec.beam_size if beam_size is None else beam_size
     alpha = dec.alpha if alpha is None else alpha
@@ -94,6 +94,11 @@ def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None
         raise NMTError(f"need beam >= 1 and 1 <= nbest <= beam, got beam {beam_size}, nbest {nbest}")
     if not math.isfinite(alpha):
         raise NMTError(f"the length penalty alpha must be a number, got {alpha}")
+    # Below 0 the penalty would favour short outputs beyond their log-probability, beam
+    # search could no longer stop a sentence early (search.Finished), and the CTranslate2
+    # engine's best could differ from ours (nmt.export): GNMT's alpha is 0 (none) or more.
+    if alpha < 0:
+        raise NMTError(f"the length penalty alpha must be 0 (none) or more, got {alpha}")
     if dec.prune_margin is not None and not dec.prune_margin >= 0:  # NaN too
         raise NMTError(f"the prune margin must be >= 0 nats or none, got {dec.prune_margin}")
     return beam_size, alpha

@@ -365,6 +365,8 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatc
      "trainer.keep_last_checkpoints"),
     (["train", "--config", "configs/transformer.yaml", "--seed", "4294967296"], "seed must be from 0"),
     (["train", "--config", "configs/transformer.yaml", "decoding.alpha=.nan"], "decoding: the length"),
+    (["train", "--config", "configs/transformer.yaml", "decoding.alpha=-0.5"],
+     "decoding: the length penalty alpha must be 0 (none) or more, got -0.5"),
     (["train", "--config", "configs/transformer.yaml", "decoding.nbest=9"], "decoding: need beam"),
     (["train", "--config", "configs/transformer.yaml", "decoding.prune_margin=-1"], "prune margin"),
     (["train", "--config", "configs/transformer.yaml", "decoding.precision=foo"], "decoding.precision"),

@@ -80,3 +80,16 @@ def test_a_length_penalty_that_is_not_a_number_is_refused():
     assert decoding_options(DecodingConfig(), 5, 1, 1.4) == (5, 1.4)
     with pytest.raises(NMTError, match="alpha must be a number, got nan"):
         decoding_options(DecodingConfig(), 5, 1, float("nan"))
+
+
+def test_a_negative_length_penalty_is_refused():
+    """--alpha -0.5 (or decoding.alpha) decoded: a penalty favouring short outputs beyond
+    their log-probability, where the CTranslate2 engine's best could differ from ours."""
+    from nmt.config import DecodingConfig
+    from nmt.translator import decoding_options
+
+    assert decoding_options(DecodingConfig(), 5, 1, 0.0) == (5, 0.0)
+    with pytest.raises(NMTError, match=r"alpha must be 0 \(none\) or more, got -0.5"):
+        decoding_options(DecodingConfig(), 5, 1, -0.5)
+    with pytest.raises(NMTError, match="got -1.0"):
+        decoding_options(DecodingConfig(alpha=-1.0), 5, 1, None)

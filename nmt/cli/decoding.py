@@ -37,7 +37,8 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(run_command=command)
         p.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
         p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
-        p.add_argument("--alpha", type=float, default=None, help="GNMT length penalty")
+        p.add_argument("--alpha", type=float, default=None,
+                       help="GNMT length penalty exponent, 0 (none) or more")
         p.add_argument("--prune-margin", help="drop beams more than this many nats below the "
                                               "best (none: keep all K; default: the run's)")
         p.add_argument("--device", default=None,
