@@ -159,6 +159,11 @@ def quiet_lightning_noise() -> None:
     - that the plateau schedule's val_bleu is missing at the end of an epoch that had no
       validation: the module steps that schedule at validations, not Lightning at epoch ends
       (``TranslationModule.step_plateau``);
+    - that an epoch has fewer batches than ``log_every_n_steps`` (a small corpus), "Set a
+      lower value ... if you want to see logs for the training epoch": Lightning counts the
+      batches to the next log across epoch ends, so the training loss is logged every N
+      updates all the same. Raised at every epoch's start, it was printed twice, again where
+      something between the epochs changed the warning filters (a subprocess started does);
     - the FutureWarning torch 2.13 raises at Lightning 2.6's own use of ``LeafSpec``;
     - its tip to install a cloud logger;
     - resuming with fewer callbacks than the checkpoint holds ("Be aware that when using
@@ -173,6 +178,7 @@ def quiet_lightning_noise() -> None:
                     r"It is recommended to use `self\.log\('(val_loss|val_bleu|wall_minutes|"
                     r"train_tgt_tok_per_s)'.*sync_dist=True",
                     "ReduceLROnPlateau conditioned on metric val_bleu which is not available",
+                    r"The number of training batches \(\d+\) is smaller than the logging interval",
                     "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint"):
         warnings.filterwarnings("ignore", message)
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated",

@@ -105,10 +105,12 @@ def test_wmt14_base_config_trains_on_a_tiny_slice(tmp_path, capsys):
 @pytest.mark.parametrize("silenced", [True, False])
 def test_training_passes_on_none_of_lightnings_noise(tmp_path, monkeypatch, silenced):
     """On a host with more than 2 cores Lightning advises DataLoader workers (batches here take
-    0.07 ms to build); it warns that the run directory is not empty (it holds the config) and
-    that the model summary does not support bf16-mixed; torch warns about Lightning's use of
-    LeafSpec; and every Trainer prints a tip to install a cloud logger. Training passes none
-    of them on; without the filters each reaches the user."""
+    0.07 ms to build); it warns that the run directory is not empty (it holds the config), that
+    the model summary does not support bf16-mixed, and at every epoch that there are fewer
+    batches than log_every_n_steps (printed twice; the loss is logged every N updates across
+    epochs); torch warns about Lightning's use of LeafSpec; and every Trainer prints a tip to
+    install a cloud logger. Training passes none of them on; without the filters each reaches
+    the user."""
     monkeypatch.setattr(lightning.fabric.utilities.data, "_num_cpus_available", lambda: 16)
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     monkeypatch.setattr(rank_zero, "filters", [])  # as in a fresh process
@@ -124,17 +126,18 @@ def test_training_passes_on_none_of_lightnings_noise(tmp_path, monkeypatch, sile
             warnings.simplefilter("always")
             # bf16-mixed on any CPU: the model summary's warning is about that precision
             assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data"),
-                         "--trainer.precision", "bf16-mixed"]) == 0
+                         "--trainer.precision", "bf16-mixed", "--trainer.log_every_n_steps", "50"]) == 0
     finally:
         rank_zero.removeHandler(handler)
     warned = " ".join(str(w.message) for w in caught)
     heard = [text in warned for text in ("`num_workers` argument", "Checkpoint directory",
-                                         "not supported by the model summary", "LeafSpec")]
+                                         "not supported by the model summary",
+                                         "smaller than the logging interval", "LeafSpec")]
     heard.append(any(m.startswith("💡 Tip") for m in logged))
     # The last two come with the versions installed here (torch 2.13 deprecated LeafSpec,
     # Lightning 2.6 added the tip); the control expects them only where they exist.
     leaf_spec = getattr(torch.utils._pytree, "LeafSpec", None)
-    emitted = [True, True, True, hasattr(leaf_spec, "__deprecated__"),
+    emitted = [True, True, True, True, hasattr(leaf_spec, "__deprecated__"),
                hasattr(lightning.pytorch.loggers, "LitLogger")]
     assert heard == [not silenced and exists for exists in emitted]
     assert any(m.startswith("GPU available") for m in logged)  # Lightning's other news stays
@@ -166,6 +169,6 @@ def test_a_run_resumed_without_early_stopping_or_kept_checkpoints_says_nothing_o
     assert main(args) == 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data", epochs=2),
+        assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data"),
                      "trainer.early_stopping_patience=0", "trainer.keep_last_checkpoints=0"]) == 0
     assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]
