@@ -32,7 +32,7 @@ from nmt.config import Config, load_config, run_config
 from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError, first_line
-from nmt.files import is_export, refuse_export
+from nmt.files import is_export, made_folders_removed_on_failure, refuse_export
 from nmt.models import model_option
 from nmt.models.transformer import TransformerModel
 from nmt.search import length_penalty, max_output_lengths
@@ -163,21 +163,22 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     # leaves an earlier export in ``out`` as it was.
     target = out.resolve()  # "../ct2" made whole, to put the new one beside
     new, old = (target.with_name(f".{target.name}.{what}{os.getpid()}") for what in ("new", "old"))
-    try:
-        RunConverter(translator).convert(str(new), quantization=quantization, force=True)
-        for name, content in beside.items():
-            (new / name).write_bytes(content)
-        if target.exists():  # replaced: its permissions kept (a private folder stays so)
-            shutil.copymode(target, new)
-            target.rename(old)
-        new.rename(target)
-    except OSError as err:  # named as --out: the hidden folder beside it, which it named, is gone
-        raise NMTError(f"cannot write {out}: {err.strerror or err}") from None
-    finally:
-        if old.exists() and not target.exists():  # stopped between the two renames
-            old.rename(target)
-        for folder in (new, old):
-            shutil.rmtree(folder, ignore_errors=True)
+    with made_folders_removed_on_failure(target):  # CTranslate2 makes those above ``new``
+        try:
+            RunConverter(translator).convert(str(new), quantization=quantization, force=True)
+            for name, content in beside.items():
+                (new / name).write_bytes(content)
+            if target.exists():  # replaced: its permissions kept (a private folder stays so)
+                shutil.copymode(target, new)
+                target.rename(old)
+            new.rename(target)
+        except OSError as err:  # named as --out: the hidden folder beside it, which it named, is gone
+            raise NMTError(f"cannot write {out}: {err.strerror or err}") from None
+        finally:
+            if old.exists() and not target.exists():  # stopped between the two renames
+                old.rename(target)
+            for folder in (new, old):
+                shutil.rmtree(folder, ignore_errors=True)
     return out
 
 

@@ -89,6 +89,30 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             tmp.unlink(missing_ok=True)
 
 
+@contextmanager
+def made_folders_removed_on_failure(path: Path) -> Iterator[None]:
+    """The block, after which the folders missing above ``path`` when it began (made for
+    ``path`` in it) are removed again, while empty, if it fails: a failed write into a new
+    ``a/b/c`` left ``a/b`` behind."""
+    made = [folder for folder in path.parents if not folder.exists()]
+    try:
+        yield
+    except BaseException:
+        remove_empty(made)
+        raise
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (innermost first) while they are empty. One that is not (something
+    else written there since) is left, without an error in place of the one that ended the
+    work they were made for."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def save_atomic(obj: object, path: str | Path) -> None:
     """``torch.save`` through ``atomic_path``. torch reports a failed write (a full disk, a
     file size limit) as a RuntimeError, which becomes a one-line error here."""

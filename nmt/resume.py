@@ -29,7 +29,7 @@ from nmt.data.module import PreparedData
 from nmt.data.prepare import load_side
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError, first_line
-from nmt.files import write_atomic
+from nmt.files import remove_empty, write_atomic
 from nmt.models import MODELS
 
 # Options that may change between the segments of a resumed run: budgets, validation and
@@ -334,17 +334,6 @@ def run_lock(run_dir: Path, processes: int = 1) -> Iterator[None]:
             if made and [entry.name for entry in run_dir.iterdir()] == [RUN_LOCK]:
                 path.unlink()
                 remove_empty(made)
-
-
-def remove_empty(folders: list[Path]) -> None:
-    """Remove ``folders`` (a run directory, then the parents made for it) while they are empty.
-    One that is not (another start there, since its lock file went) is left, without an error
-    in place of the one that ended this start."""
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
 
 
 def refuse_to_overwrite(run_dir: Path) -> None:

@@ -422,6 +422,22 @@ def test_an_export_that_cannot_be_written_names_its_out_folder(run, tmp_path, ca
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("failure,code", [(OSError(28, "No space left on device"), 1),
+                                          (KeyboardInterrupt(), 130)])
+def test_a_failed_export_leaves_no_folder_it_made(run, tmp_path, capsys, monkeypatch, failure, code):
+    """A failed export into a new nested --out a/b/c.ct2 left a/b behind, made by CTranslate2
+    for its hidden folder beside --out; a folder that was there stays."""
+    def failed(self, output_dir, **options):  # as CTranslate2: os.makedirs, then a write fails
+        os.makedirs(output_dir)
+        raise failure
+
+    monkeypatch.setattr(export.RunConverter, "convert", failed)
+    (tmp_path / "kept").mkdir()
+    for out in (tmp_path / "a" / "b" / "c.ct2", tmp_path / "kept" / "b" / "c.ct2"):
+        assert main(["export", "--checkpoint", str(run), "--out", str(out)]) == code
+    assert [path.name for path in tmp_path.rglob("*")] == ["kept"]
+
+
 def test_a_run_file_that_cannot_be_read_is_named(run, tmp_path, capsys, monkeypatch):
     """The run's spm.model gone once its model had loaded (removed meanwhile, a failing disk):
     its copy beside the export failed as "cannot write OUT: No such file or directory", which
