@@ -377,10 +377,6 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatc
     (["translate", "--checkpoint", "README.md", "--bea", "5"], "unrecognized arguments: --bea 5"),
     (["average", "--checkpoint", "{export}"], "is a CTranslate2 export: nmt average takes a training run"),
     (["average", "--checkpoint", "docs"], "no config.yaml in docs: is it a training run directory?"),
-    (["translate", "--checkpoint", "docs", "--input", ""], "--input is empty"),  # not stdin
-    (["translate", "--checkpoint", "docs", "--output", ""], "--output is empty"),
-    # not the current folder, where pictures 0001.png ... went
-    (["translate", "--checkpoint", "docs", "--plot-attention", ""], "--plot-attention is empty"),
 ])
 def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
@@ -405,6 +401,37 @@ def test_counts_below_one_are_refused_by_the_parser(argv, flag, capsys):
         parser().parse_known_args(argv)
     assert exit_info.value.code == 2
     assert f"argument {flag}: must be a whole number >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,flag", [
+    # not stdin or stdout; not the current folder, where pictures 0001.png ... went
+    (["translate", "--checkpoint", "run", "--input", ""], "--input"),
+    (["translate", "--checkpoint", "run", "--output", ""], "--output"),
+    (["translate", "--checkpoint", "run", "--plot-attention", ""], "--plot-attention"),
+    # "." exists and is not a CTranslate2 export; "no config.yaml in ."
+    (["export", "--checkpoint", "run", "--out", ""], "--out"),
+    (["export", "--checkpoint", "", "--out", "x.ct2"], "--checkpoint"),
+    (["translate", "--checkpoint", "run", "--weights", ""], "--weights"),  # "not found: run"
+    (["evaluate", "--checkpoint", "run", "--ensemble", "run2", ""], "--ensemble"),
+    (["evaluate", "--checkpoint", "run", "--files", "", "ref"], "--files"),
+    # the default's: RUN/averaged.ckpt, checkpoints/<name>..., study/<preset>, the config
+    (["average", "--checkpoint", "run", "--out", ""], "--out"),
+    (["train", "--config", "c.yaml", "--run-dir", ""], "--run-dir"),
+    (["compare", "--out", ""], "--out"),
+    (["compare", "--runs", ""], "--runs"),
+    (["compare", "--config", ""], "--config"),
+    (["serve", "--checkpoint", ""], "--checkpoint"),
+    (["bench", "data", "--dir", ""], "--dir"),
+])
+def test_an_empty_path_is_refused_by_the_parser(argv, flag, capsys):
+    """An empty file or folder option (an unset shell variable) read as the current folder,
+    stdin or stdout, or the option's default: a misleading error, or work written elsewhere."""
+    with pytest.raises(SystemExit) as exit_info:
+        parser().parse_known_args(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: is empty (an unset variable?): name a file or folder" in err, err
+    assert err.count("\n") == 1
 
 
 def test_warm_up_steps_may_be_none_but_not_fewer():

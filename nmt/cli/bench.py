@@ -9,6 +9,7 @@ from pathlib import Path
 
 from nmt.cli.options import (
     add_train_flags,
+    path_option,
     positive_int,
     positive_ints,
     print_table,
@@ -28,7 +29,8 @@ def add_bench_train(what: argparse._SubParsersAction) -> None:
     bench_train = what.add_parser("train", help="training tokens/s, FLOPs and utilisation",
                                   epilog="Any config key: --section.key VALUE.")
     bench_train.set_defaults(run_command=cmd_bench_train, takes_overrides=True, own_signals=True)
-    bench_train.add_argument("--config", required=True, help="YAML config, e.g. configs/transformer.yaml")
+    bench_train.add_argument("--config", required=True, type=path_option,
+                             help="YAML config, e.g. configs/transformer.yaml")
     bench_train.add_argument("--steps", type=positive_int, default=30, help="timed optimizer steps")
     bench_train.add_argument("--warmup", type=whole_number, default=5, help="untimed steps first")
     add_train_flags(bench_train, ("train_lines", "src_lang", "tgt_lang", "seed", "attention"))
@@ -44,7 +46,7 @@ def cmd_bench_train(args: argparse.Namespace, overrides: list[str]) -> None:
 def add_bench_decode(what: argparse._SubParsersAction) -> None:
     bench_decode = what.add_parser("decode", help="greedy and beam search speed on a split")
     bench_decode.set_defaults(run_command=cmd_bench_decode)
-    bench_decode.add_argument("--checkpoint", required=True, help="run directory")
+    bench_decode.add_argument("--checkpoint", required=True, type=path_option, help="run directory")
     bench_decode.add_argument("--beam", type=positive_ints, default="1,5",
                               help="comma-separated beam sizes (default 1,5)")
     bench_decode.add_argument("--split", default="test", help="train | val | test (default test)")
@@ -56,7 +58,7 @@ def add_bench_decode(what: argparse._SubParsersAction) -> None:
     bench_decode.add_argument("--precision", default="auto",
                               help="comma-separated torch decoding precisions: "
                               + ", ".join(DECODING_PRECISIONS))
-    bench_decode.add_argument("--ensemble", nargs="+", default=[], metavar="RUN",
+    bench_decode.add_argument("--ensemble", nargs="+", type=path_option, default=[], metavar="RUN",
                               help="more run directories to decode with, as translate's --ensemble")
     bench_decode.add_argument("--no-recompute", action="store_true",
                               help="leave out the greedy_recompute row (the whole decoder over the "
@@ -82,11 +84,11 @@ def add_bench_data(what: argparse._SubParsersAction) -> None:
                                  "corpus of N pairs", epilog="Config keys: --section.key VALUE.")
     bench_data.set_defaults(run_command=cmd_bench_data, takes_overrides=True)
     bench_data.add_argument("--pairs", type=positive_int, default=100_000)
-    bench_data.add_argument("--config", default="configs/transformer.yaml")
+    bench_data.add_argument("--config", type=path_option, default="configs/transformer.yaml")
     bench_data.add_argument("--steps", type=positive_int, default=5, help="timed training steps")
     bench_data.add_argument("--join", type=positive_int, default=1,
                             help="Multi30k pairs per line (2: ~25 words a side, like WMT)")
-    bench_data.add_argument("--dir", default="results/bench_data",
+    bench_data.add_argument("--dir", type=path_option, default="results/bench_data",
                             help="where the corpus and its prepared folder go")
 
 def cmd_bench_data(args: argparse.Namespace, overrides: list[str]) -> None:

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext, supp
 from pathlib import Path
 from typing import BinaryIO
 
-from nmt.cli.options import positive_int
+from nmt.cli.options import path_option, positive_int
 from nmt.config import DECODING_PRECISIONS
 from nmt.errors import NMTError
 from nmt.files import GZIP_ERRORS, atomic_path, open_bytes, what_it_is
@@ -35,7 +35,8 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
             ("evaluate", "BLEU and chrF of a run on a corpus split", cmd_evaluate)):
         p = sub.add_parser(name, help=help_text)
         p.set_defaults(run_command=command)
-        p.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
+        p.add_argument("--checkpoint", required=True, type=path_option,
+                       help="run directory, e.g. checkpoints/<run>")
         p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
         p.add_argument("--alpha", type=float, default=None,
                        help="GNMT length penalty exponent, 0 (none) or more")
@@ -45,23 +46,24 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
                        help="cpu | cuda | cuda:N (default: cuda if available; cpu for ctranslate2)")
         p.add_argument("--engine", default="torch",
                        help="torch | ctranslate2 (--checkpoint: a folder from nmt export)")
-        p.add_argument("--weights", help="checkpoint file in the run directory (or a path), e.g. "
-                                         "best.ckpt (default: the one training chose); with "
-                                         "--ensemble, in each run")
-        p.add_argument("--ensemble", nargs="+", default=[], metavar="RUN",
+        p.add_argument("--weights", type=path_option,
+                       help="checkpoint file in the run directory (or a path), e.g. "
+                            "best.ckpt (default: the one training chose); with "
+                            "--ensemble, in each run")
+        p.add_argument("--ensemble", nargs="+", type=path_option, default=[], metavar="RUN",
                        help="more run directories (same SentencePiece model) to decode with: "
                             "the mean of the runs' next-piece probabilities")
         p.add_argument("--precision", choices=DECODING_PRECISIONS,
                        help="decoding precision (default: the run's decoding.precision, auto)")
     translate = sub.choices["translate"]
-    translate.add_argument("--input", help="input file, .gz too (default or -: stdin)")
-    translate.add_argument("--output", help="output file (default or -: stdout)")
+    translate.add_argument("--input", type=path_option, help="input file, .gz too (default or -: stdin)")
+    translate.add_argument("--output", type=path_option, help="output file (default or -: stdout)")
     translate.add_argument("--nbest", type=int, help="hypotheses per line, in Moses' n-best "
                            "format where more than 1 (default: the run's decoding.nbest, 1)")
     translate.add_argument("--buffer-lines", type=positive_int, default=BUFFER_LINES,
                            help="translate and write the input this many lines at a time "
                                 f"(default {BUFFER_LINES}; 1: each line as it arrives)")
-    translate.add_argument("--plot-attention", metavar="DIR",
+    translate.add_argument("--plot-attention", type=path_option, metavar="DIR",
                            help="write a heatmap PNG of each sentence's attention to DIR")
     translate.add_argument("--attention-kind", choices=("cross", "encoder", "decoder"),
                            help="with --plot-attention: cross-attention (default), or the "
@@ -73,7 +75,7 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
                                 "head number, or all (one panel each)")
     evaluate = sub.choices["evaluate"]
     evaluate.add_argument("--split", help="train | val | test (default test)")
-    evaluate.add_argument("--files", nargs=2, metavar=("SRC", "REF"),
+    evaluate.add_argument("--files", nargs=2, type=path_option, metavar=("SRC", "REF"),
                           help="score on these files instead of a split of the run's corpus: a "
                                "source file and its reference translations, line by line")
 
@@ -188,9 +190,6 @@ def own_stream(path: str) -> str | None:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    for flag, path, stream in (("--input", args.input, "stdin"), ("--output", args.output, "stdout")):
-        if path == "":  # an unset shell variable: not stdin or stdout
-            raise NMTError(f"{flag} is empty: name a file, or - for {stream}")
     if args.input in (None, "-") and sys.stdin is None:  # started with stdin closed (<&-)
         raise NMTError("stdin is closed: give --input FILE")
     args.input, args.output = (None if path == "-" else path for path in (args.input, args.output))
@@ -252,8 +251,6 @@ def translate_chunk(translator, lines: list[str], first: int, args: argparse.Nam
 def picture_options(args: argparse.Namespace) -> None:
     """--attention-kind, -layer and -head choose what --plot-attention draws: without it they
     are an error (they would be ignored), with it the ones not given take their defaults."""
-    if args.plot_attention == "":  # an unset shell variable: not the current folder
-        raise NMTError("--plot-attention is empty: name a folder for the pictures")
     if args.plot_attention is not None and args.ensemble:
         raise NMTError("--plot-attention draws one model's attention: translate with that run "
                        "alone, without --ensemble")
@@ -319,9 +316,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 def add_average(sub: argparse._SubParsersAction) -> None:
     average = sub.add_parser("average", help="average the weights of a run's last checkpoints")
     average.set_defaults(run_command=cmd_average)
-    average.add_argument("--checkpoint", required=True, help="run directory, e.g. checkpoints/<run>")
+    average.add_argument("--checkpoint", required=True, type=path_option,
+                         help="run directory, e.g. checkpoints/<run>")
     average.add_argument("--last", type=int, help="the last N kept checkpoints (default all)")
-    average.add_argument("--out", help="output file (default RUN/averaged.ckpt)")
+    average.add_argument("--out", type=path_option, help="output file (default RUN/averaged.ckpt)")
 
 def cmd_average(args: argparse.Namespace) -> None:
     from nmt.average import average_run
@@ -334,7 +332,7 @@ def cmd_average(args: argparse.Namespace) -> None:
 def add_serve(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="translate over HTTP, with a web page of the attention")
     serve.set_defaults(run_command=cmd_serve, own_signals=True)
-    serve.add_argument("--checkpoint", required=True, nargs="+",
+    serve.add_argument("--checkpoint", required=True, nargs="+", type=path_option,
                        help="run directories (exported models with --engine ctranslate2)")
     serve.add_argument("--host", default="127.0.0.1", help="127.0.0.1, 0.0.0.0 or ::")
     serve.add_argument("--port", type=int, default=8000)
@@ -344,11 +342,12 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
                        help="a request that has waited this long when the worker comes to it "
                             "is answered 504 (0: never)")
-    serve.add_argument("--weights", help="checkpoint file in each run directory (default: the "
-                                         "one training chose)")
+    serve.add_argument("--weights", type=path_option,
+                       help="checkpoint file in each run directory (default: the "
+                            "one training chose)")
     serve.add_argument("--precision", choices=DECODING_PRECISIONS,
                        help="decoding precision (default: each run's decoding.precision, auto)")
-    serve.add_argument("--ensemble", nargs="+", default=[], metavar="RUN",
+    serve.add_argument("--ensemble", nargs="+", type=path_option, default=[], metavar="RUN",
                        help="more run directories that decode with the one --checkpoint, served "
                             "as one model named after it (as translate's --ensemble)")
 
@@ -371,12 +370,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
 def add_export(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="convert a Transformer run for another inference engine")
     export.set_defaults(run_command=cmd_export)
-    export.add_argument("--checkpoint", required=True, help="run directory")
+    export.add_argument("--checkpoint", required=True, type=path_option, help="run directory")
     export.add_argument("--format", default="ctranslate2", help="ctranslate2")
     export.add_argument("--quantization", default="float32", help="float32 | int8")
-    export.add_argument("--out", required=True, help="new directory (or an earlier export, replaced)")
-    export.add_argument("--weights", help="checkpoint file in the run directory (default: the "
-                        "run's final weights, as translate)")
+    export.add_argument("--out", required=True, type=path_option,
+                        help="new directory (or an earlier export, replaced)")
+    export.add_argument("--weights", type=path_option,
+                        help="checkpoint file in the run directory (default: the "
+                             "run's final weights, as translate)")
 
 def cmd_export(args: argparse.Namespace) -> None:
     if args.format != "ctranslate2":

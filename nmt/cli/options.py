@@ -11,6 +11,16 @@ from dataclasses import fields, is_dataclass
 from nmt.config import Config
 from nmt.errors import NMTError
 
+
+def path_option(text: str) -> str:
+    """An argparse type for a file or folder option: an empty one (an unset shell variable) is
+    refused, where it read as the current folder ("." exists and is not an export), stdin or
+    stdout, or the option's default (an average, a study's records, a run written there)."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty (an unset variable?): name a file or folder")
+    return text
+
+
 # Config's top-level keys -> the keys of the section each names (none for a single value or
 # the model's free-form dict): what an undotted override may set (``dotted_overrides``).
 CONFIG_SECTIONS = {f.name: [k.name for k in fields(f.default_factory)]
@@ -21,7 +31,7 @@ SCORER_NAMES_PLACEHOLDER = "{scorer names}"
 # The training flags that train, prepare, compare and bench train share:
 # flag -> (the config key it sets, its type, its --help).
 TRAIN_FLAGS = {
-    "run_dir": ("run_dir", str, "output folder (default checkpoints/<name>)"),
+    "run_dir": ("run_dir", path_option, "output folder (default checkpoints/<name>)"),
     "max_epochs": ("trainer.max_epochs", int, "train at most N epochs (trainer.max_epochs)"),
     "max_time": ("trainer.max_time", str, "HH:MM:SS of training, all the run's segments "
                  "counted (start-up not)"),

@@ -12,6 +12,7 @@ from pathlib import Path
 from nmt.cli.options import (
     TRAIN_FLAGS,
     add_train_flags,
+    path_option,
     positive_int,
 )
 
@@ -22,7 +23,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
                                   "e.g. --trainer.max_steps 300, or --trainer.strategy ddp "
                                   "--trainer.devices 2.")
     train.set_defaults(run_command=cmd_train, takes_overrides=True, own_signals=True)
-    train.add_argument("--config", help="YAML config, e.g. configs/transformer.yaml")
+    train.add_argument("--config", type=path_option, help="YAML config, e.g. configs/transformer.yaml")
     add_train_flags(train, tuple(TRAIN_FLAGS))
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
@@ -55,7 +56,7 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     prepare = sub.add_parser("prepare", help="check, tokenize and cache a corpus (train does it "
                              "too when needed)", epilog="Any config key: --section.key VALUE.")
     prepare.set_defaults(run_command=cmd_prepare, takes_overrides=True)
-    prepare.add_argument("--config", help="YAML config, e.g. configs/transformer.yaml")
+    prepare.add_argument("--config", type=path_option, help="YAML config, e.g. configs/transformer.yaml")
     add_train_flags(prepare, ("train_lines", "src_lang", "tgt_lang"))
 
 def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -72,14 +73,16 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
     compare = sub.add_parser("compare", help="the attention study: families x scorers x seeds",
                              epilog="Other config keys apply to every cell: --section.key VALUE.")
     compare.set_defaults(run_command=cmd_compare, takes_overrides=True, own_signals=True)
-    compare.add_argument("--config", default="configs/compare.yaml",
+    compare.add_argument("--config", type=path_option, default="configs/compare.yaml",
                          help="the study's config (default configs/compare.yaml)")
     compare.add_argument("--preset", default="quick",
                          help="a preset of the config: quick (default) | full | study")
     compare.add_argument("--seeds", type=positive_int,
                          help="seeds per cell in every group (default: the preset's)")
-    compare.add_argument("--out", help="records, tables and figures (default study/<preset>)")
-    compare.add_argument("--runs", help="the cells' run directories (default checkpoints/study/<preset>)")
+    compare.add_argument("--out", type=path_option,
+                         help="records, tables and figures (default study/<preset>)")
+    compare.add_argument("--runs", type=path_option,
+                         help="the cells' run directories (default checkpoints/study/<preset>)")
     compare.add_argument("--tables-only", action="store_true",
                          help="train nothing: rebuild tables and figures from the records (a "
                               "record of another beam or other pictures is decoded again where "
