@@ -183,6 +183,12 @@ NOT_IN_KEY = {"": ("name", "run_dir"), "trainer": ("enable_progress_bar", "tenso
               "data": ("hub_streaming",), "decoding": ("precision",)}
 
 
+def counts_in_key(option: str) -> bool:
+    """Whether a ``key=value`` option can change a cell's record (is not one of NOT_IN_KEY)."""
+    section, _, key = option.partition("=")[0].strip().rpartition(".")
+    return key not in NOT_IN_KEY.get(section, ())
+
+
 def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
     """A 12-hex hash of the fully resolved configuration, and that configuration; a one-line
     error for options training would refuse (also where no cell is trained: --tables-only)."""
@@ -310,10 +316,12 @@ def record_in_parallel(jobs: list[tuple], workers: int) -> None:
 def trial_options(cfg: CompareConfig, preset: str, cell: Cell, key: str,
                   extra: list[str]) -> list[str]:
     """The command line's options ``extra`` where they make the cell (of ``key``) another than
-    the preset's own, a trial; none where they change nothing (e.g. the preset's own epochs)."""
+    the preset's own, a trial; none where they change nothing (e.g. the preset's own epochs).
+    Of a trial, the options that cannot change a cell (NOT_IN_KEY: a progress bar) are not
+    part: a trial's record is the same trial's without them."""
     if not extra:  # the preset's own: no second resolution of its configuration
         return []
-    return [] if key == preset_key(cfg, preset, cell) else list(extra)
+    return [] if key == preset_key(cfg, preset, cell) else list(filter(counts_in_key, extra))
 
 
 def preset_key(cfg: CompareConfig, preset: str, cell: Cell) -> str:
@@ -323,9 +331,10 @@ def preset_key(cfg: CompareConfig, preset: str, cell: Cell) -> str:
 
 def same_options(these: list[str], those: list[str]) -> bool:
     """Whether two lists of ``key=value`` options set the same values: in another order, or one
-    layered over another to the same end (``seed=3 seed=4`` is ``seed=4``)."""
-    return OmegaConf.to_container(overrides_layer(these)) == \
-        OmegaConf.to_container(overrides_layer(those))
+    layered over another to the same end (``seed=3 seed=4`` is ``seed=4``), those that cannot
+    change a cell (NOT_IN_KEY, as a record made before trials left them out may hold) aside."""
+    return OmegaConf.to_container(overrides_layer(list(filter(counts_in_key, these)))) == \
+        OmegaConf.to_container(overrides_layer(list(filter(counts_in_key, those))))
 
 
 def check_replaceable(cfg: CompareConfig, preset: str, cell: Cell, record: dict,

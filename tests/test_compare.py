@@ -237,10 +237,15 @@ def test_a_trials_record_is_not_replaced_by_another_trial_or_by_the_preset(study
     (["optim.betas=[0.8,0.9]", "optim.betas.1=0.95"], ["optim.betas=[0.8,0.95]"], True),
     (["optim.lr=0.002", "seed=3"], ["optim.lr=0.002"], False),
     (["seed=3", "seed=4"], ["seed=3"], False),  # the last of an option's values counts
+    # options that cannot change a cell: no part of a trial
+    (["optim.lr=0.002", "trainer.enable_progress_bar=false"], ["optim.lr=0.002"], True),
+    (["optim.lr=0.002"], ["trainer.tensorboard=true", "optim.lr=0.002", "name=x"], True),
+    (["optim.lr=0.002"], ["trainer.enable_progress_bar=false"], False),
 ])
 def test_a_trial_is_its_options_not_their_order(recorded, now, same):
-    """The same options in another order (or layered otherwise to the same values) are the
-    same trial, whose record a run with them may replace: it was refused as another trial."""
+    """The same options in another order (or layered otherwise to the same values, or beside
+    options that cannot change a cell, such as a progress bar turned off) are the same trial,
+    whose record a run with them may replace: it was refused as another trial."""
     from nmt.compare import check_replaceable
 
     record = {"key": "0123456789ab", "trial": recorded}
@@ -249,6 +254,17 @@ def test_a_trial_is_its_options_not_their_order(recorded, now, same):
     else:
         with pytest.raises(NMTError, match="holds a record of this cell made with"):
             check_replaceable(None, "a", None, record, Path("cells/x"), now)
+
+
+def test_a_trial_records_none_of_the_options_that_cannot_change_a_cell(monkeypatch):
+    """A trial's record named every option given, a progress bar turned off too: the same
+    trial run again without it was refused as another."""
+    from nmt import compare
+
+    monkeypatch.setattr(compare, "preset_key", lambda cfg, preset, cell: "the preset's")
+    trial = compare.trial_options(None, "a", None, "a trial's", [
+        "optim.lr=0.002", "trainer.enable_progress_bar=false", "decoding.precision=bf16-mixed"])
+    assert trial == ["optim.lr=0.002"]
 
 
 def test_a_record_is_not_replaced_by_another_presets_cell_or_a_trial(study, tmp_path, capsys):
