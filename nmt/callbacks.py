@@ -1,11 +1,12 @@
 """Lightning callbacks of a training run: an EMA of the weights, the end of a budget,
 checkpoints and early stopping that resume as the run was (moved, or with a new patience),
-and dropout chosen by the epochs the budget buys."""
+dropout chosen by the epochs the budget buys, and the signals that stop a run."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import lightning as L
 import torch
@@ -65,21 +66,37 @@ def raise_sigterm(signum, frame) -> None:
     raise SIGTERMException
 
 
-class StopAtOnceOnSigterm(L.Callback):
-    """Under DDP, SIGTERM (a scheduler's stop) ends each process that gets it at once, as
-    Ctrl-C does, instead of Lightning's handler, which broadcasts from inside the handler to
-    stop every process at the next batch: that broadcast pairs with whatever collective the
-    other processes are in, and a SIGTERM to the whole process group (scancel, systemd, the
-    process group's ``kill``) hung the run (Lightning issue 20806). Nothing is lost: Lightning
-    saves no checkpoint at a SIGTERM either, and the run resumes from the last.ckpt of its last
-    validation (written atomically). ``nmt.training.fit`` stops the processes that got no
-    signal."""
+class StopOnSignals(L.Callback):
+    """SIGTERM (a scheduler's stop) and SIGHUP (the run's terminal closed) stop training, and
+    the run resumes from the last.ckpt of its last validation (written atomically; Lightning
+    saves none at a signal either). Set once Lightning's own handlers are (before
+    ``on_train_start``); its teardown restores every signal's handler as it was.
+
+    * Under DDP, SIGTERM ends each process that gets it at once, as Ctrl-C does, instead of
+      Lightning's handler, which broadcasts from inside the handler to stop every process at
+      the next batch: that broadcast pairs with whatever collective the other processes are
+      in, and a SIGTERM to the whole process group (scancel, systemd) hung the run (Lightning
+      issue 20806). ``nmt.training.fit`` stops the processes that got no signal.
+    * SIGHUP does what SIGTERM does; its default killed the process silently (exit 129). A
+      SIGHUP the process ignores (``nohup``) stays ignored."""
+
+    def __init__(self):
+        self.stopped_by = "SIGTERM"  # the signal's name, for the line that says so
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Lightning registers its handlers after on_fit_start, and restores the earlier ones
-        # when fit ends
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python sets handlers in the main thread alone (Lightning sets none there)
         if trainer.world_size > 1:
             signal.signal(signal.SIGTERM, raise_sigterm)
+        sigterm = signal.getsignal(signal.SIGTERM)
+        if not callable(sigterm) or signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+            return
+
+        def hang_up(signum: int, frame) -> None:
+            self.stopped_by = "SIGHUP"
+            sigterm(signum, frame)
+
+        signal.signal(signal.SIGHUP, hang_up)
 
 
 class RunCheckpoint(ModelCheckpoint):

@@ -27,7 +27,7 @@ from nmt.callbacks import (
     PatientEarlyStopping,
     RunCheckpoint,
     StopAtBudget,
-    StopAtOnceOnSigterm,
+    StopOnSignals,
     WeightEMA,
 )
 from nmt.config import Config
@@ -202,7 +202,7 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
         RunCheckpoint(dirpath=run_dir, filename="last", enable_version_counter=False,
                       save_on_train_epoch_end=False),
         StopAtBudget(),
-        StopAtOnceOnSigterm(),
+        StopOnSignals(),
     ]
     if t.max_time is None:
         # The clock of a segment without --max-time: Lightning's own Timer (one comes with a

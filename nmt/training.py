@@ -30,6 +30,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from nmt.average import final_weights
+from nmt.callbacks import StopOnSignals
 from nmt.config import DECODING_PRECISIONS, Config, DecodingConfig, OptimConfig, run_dir_of, save_config
 from nmt.data.batching import Batch, TokenBatchSampler
 from nmt.data.corpus import split_sources
@@ -572,17 +573,19 @@ def check_batches_per_process(datamodule: TranslationDataModule, config: Config,
 def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDataModule,
         resume_from: Path | None) -> None:
     """``trainer.fit``, with its ends by a signal made ours: Lightning ends a run stopped by
-    SIGTERM (a scheduler's pre-emption, ``kill``) with a bare SystemExit, i.e. exit status 0 as
-    if it had finished, and one stopped by Ctrl-C with exit status 1. Under DDP the first
+    SIGTERM (a scheduler's pre-emption, ``kill``) or SIGHUP (``StopOnSignals``) with a bare
+    SystemExit, i.e. exit status 0 as if it had finished, and one stopped by Ctrl-C with exit
+    status 1. Under DDP the first
     process alone says so, once, and stops the processes it started (``stop_workers``)."""
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
-    except SIGTERMException:  # also raised by StopAtOnceOnSigterm, wherever the process was
+    except SIGTERMException:  # SIGTERM or SIGHUP (StopOnSignals), wherever the process was
         if not trainer.is_global_zero:
             raise SystemExit(1) from None
         stop_workers(trainer)
-        raise NMTError("stopped by SIGTERM: the same command resumes the run from its last "
-                       "checkpoint") from None
+        stopped_by = next(c.stopped_by for c in trainer.callbacks if isinstance(c, StopOnSignals))
+        raise NMTError(f"stopped by {stopped_by}: the same command resumes the run from its "
+                       "last checkpoint") from None
     except SystemExit:
         if not trainer.interrupted:
             raise

@@ -171,6 +171,7 @@ SLOW_MAIN = """
 import signal, sys, time
 # Ctrl-C as in a terminal, also where the suite runs in the background (SIGINT ignored there)
 signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # and SIGHUP, also under nohup
 from nmt.training import TranslationModule
 step = TranslationModule.training_step
 def slow_step(self, batch, batch_idx):
@@ -223,11 +224,13 @@ def test_a_checkpoint_inside_an_accumulation_group_resumes_to_the_same_weights(
 
 @pytest.mark.parametrize("signal_number,code,message", [
     (signal.SIGTERM, 1, "stopped by SIGTERM: the same command resumes the run"),
+    (signal.SIGHUP, 1, "stopped by SIGHUP: the same command resumes the run"),
     (signal.SIGINT, 130, "interrupted"),
 ])
 def test_a_run_stopped_by_a_signal_says_so_and_fails(corpus, tmp_path, signal_number, code, message):
-    """A run stopped by SIGTERM (a scheduler's pre-emption) or Ctrl-C after a checkpoint exits
-    non-zero with one line of its own: Lightning ended the first with status 0, as if finished."""
+    """A run stopped by SIGTERM (a scheduler's pre-emption), SIGHUP (its terminal closed) or
+    Ctrl-C after a checkpoint exits non-zero with one line of its own: Lightning ended the
+    first with status 0, as if finished; the second killed it without a word (exit 129)."""
     command = args(corpus, tmp_path, "trainer.val_check_interval=3")
     process = subprocess.Popen([sys.executable, "-c", SLOW_MAIN, *command], cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
