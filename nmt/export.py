@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,8 +167,9 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     with made_folders_removed_on_failure(target):  # CTranslate2 makes those above ``new``
         try:
             RunConverter(translator).convert(str(new), quantization=quantization, force=True)
-            for name, content in beside.items():
+            for name, (content, mode) in beside.items():
                 (new / name).write_bytes(content)
+                (new / name).chmod(mode)  # a private run file stays private in the export
             if target.exists():  # replaced: its permissions kept (a private folder stays so)
                 shutil.copymode(target, new)
                 target.rename(old)
@@ -182,14 +184,15 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     return out
 
 
-def run_files(run_dir: Path) -> dict[str, bytes]:
-    """The run's files an export carries beside the model (``BESIDE_THE_MODEL``), read before
-    anything is written: a file that cannot be read is named, where its copy's error was
-    reported as one writing --out."""
+def run_files(run_dir: Path) -> dict[str, tuple[bytes, int]]:
+    """The run's files an export carries beside the model (``BESIDE_THE_MODEL``), each with its
+    permission bits, read before anything is written: a file that cannot be read is named,
+    where its copy's error was reported as one writing --out."""
     files = {}
     for name in BESIDE_THE_MODEL:
         try:
-            files[name] = (run_dir / name).read_bytes()
+            files[name] = ((run_dir / name).read_bytes(),
+                           stat.S_IMODE((run_dir / name).stat().st_mode))
         except OSError as err:
             raise NMTError(f"cannot read {run_dir / name}: {err.strerror or err}") from None
     return files

@@ -307,6 +307,19 @@ def test_an_export_replaced_keeps_its_folders_permissions(run, exported, tmp_pat
     assert (out / "model.bin").is_file() and stat.S_IMODE(out.stat().st_mode) == 0o700
 
 
+def test_an_export_keeps_its_run_files_permissions(run, tmp_path):
+    """A private run's SentencePiece model and config (chmod 600) became readable by all in
+    its export (644, the umask's) once they were read first and written anew."""
+    private = tmp_path / "private_run"
+    shutil.copytree(run, private, ignore=shutil.ignore_patterns("eval", "steps"))
+    for name in ("spm.model", "config.yaml"):
+        (private / name).chmod(0o600)
+    out = tmp_path / "ct2"
+    assert main(["export", "--checkpoint", str(private), "--out", str(out)]) == 0
+    assert [stat.S_IMODE((out / name).stat().st_mode) for name in ("spm.model", "config.yaml")] \
+        == [0o600, 0o600]
+
+
 def test_ctranslate2_engine_needs_an_export(run, exported, capsys):
     assert main(["translate", "--checkpoint", str(run), "--engine", "ctranslate2"]) == 1
     err = capsys.readouterr().err
