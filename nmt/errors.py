@@ -1,4 +1,11 @@
-"""The one exception type the command line turns into a one-line message."""
+"""The one exception type the command line turns into a one-line message, and how signals
+end a command."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class NMTError(Exception):
@@ -19,3 +26,17 @@ def first_line(err: BaseException) -> str:
     """What a one-line message quotes of a library's exception: its message's first line, or
     its type's name where it has none."""
     return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+@contextmanager
+def stopped_cleanly() -> Iterator[None]:
+    """SIGTERM as Ctrl-C while the block runs, and either one the block's clean end: a server's
+    stop (systemd, Kubernetes: SIGTERM) is its normal end, exit status 0, as LitServe ends once
+    it serves."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # for a caller in the same process

@@ -44,7 +44,7 @@ from nmt.attention_stats import attention_matrix
 from nmt.config import DECODING_PRECISIONS, load_config
 from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import check_engine_options, load_translator
-from nmt.errors import NMTError
+from nmt.errors import NMTError, stopped_cleanly
 from nmt.files import is_export
 from nmt.models import build_model, scorer_of
 from nmt.translator import check_ensemble, check_run_weights, decoding_options, source_limit
@@ -438,18 +438,13 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
     # SIGTERM as Ctrl-C from here on, the checks included: LitServe then stops its worker
     # processes. Its forked HTTP server keeps the default, so that LitServe's own terminate()
     # ends it quietly.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
-    try:
+    with stopped_cleanly():
+        os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
         server = build_server(paths, engine, beam, max_batch, timeout, weights, precision, ensemble)
         address = f"[{host}]" if ":" in host else host  # an IPv6 address is bracketed in a URL
         print(f"serving {', '.join(map(model_name, paths))} with {engine} "
               f"at http://{address}:{port}/", flush=True)
         run_server(server, host, port)
-    except KeyboardInterrupt:  # before it served: the end LitServe gives a stop once it serves
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)  # for a caller in the same process
 
 
 def run_server(server: litserve.LitServer, host: str, port: int) -> None:

@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 from nmt.cli.options import path_option, positive_int
 from nmt.config import DECODING_PRECISIONS
-from nmt.errors import NMTError
+from nmt.errors import NMTError, stopped_cleanly
 from nmt.files import GZIP_ERRORS, atomic_path, open_bytes, what_it_is
 
 # Lines translated together: the translator sorts them by length into batches, so larger
@@ -354,18 +354,13 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     # SIGTERM as Ctrl-C, and either a clean end, from the start: serve() ends so, but torch and
     # LitServe import before it runs (seconds), and a supervisor's stop then killed it (143)
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
+    with stopped_cleanly():
         try:
             from nmt.serve import serve
         except ImportError:
             raise NMTError('nmt serve needs LitServe: pip install -e ".[serve]"') from None
         serve(args.checkpoint, args.host, args.port, args.engine, args.beam, args.max_batch,
               args.weights, args.precision, args.ensemble, args.timeout)
-    except KeyboardInterrupt:  # while it imported
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 def add_export(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="convert a Transformer run for another inference engine")
