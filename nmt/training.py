@@ -575,8 +575,8 @@ def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDa
     """``trainer.fit``, with its ends by a signal made ours: Lightning ends a run stopped by
     SIGTERM (a scheduler's pre-emption, ``kill``) or SIGHUP (``StopOnSignals``) with a bare
     SystemExit, i.e. exit status 0 as if it had finished, and one stopped by Ctrl-C with exit
-    status 1. Under DDP the first
-    process alone says so, once, and stops the processes it started (``stop_workers``)."""
+    status 1. Under DDP the first process alone says so, once, and stops the processes it
+    started (``stop_workers``)."""
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     except SIGTERMException:  # SIGTERM or SIGHUP (StopOnSignals), wherever the process was
