@@ -12,6 +12,11 @@ class NMTError(Exception):
     """A user-facing error: bad input, missing files, unknown names. No traceback is shown."""
 
 
+class UsageError(NMTError):
+    """A command line the parser could not take (an unknown option, an argument too many):
+    exit status 2, as argparse's own refusals, where an error in what it asked is 1."""
+
+
 class Stopped(KeyboardInterrupt):
     """A signal other than Ctrl-C's (SIGTERM, SIGHUP) raised as an interrupt, so that what is
     half-written is cleaned up as for Ctrl-C; the command then exits 128 + its number, as the

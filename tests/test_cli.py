@@ -371,10 +371,6 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatc
     (["train", "--config", "configs/transformer.yaml", "decoding.prune_margin=-1"], "prune margin"),
     (["train", "--config", "configs/transformer.yaml", "decoding.precision=foo"], "decoding.precision"),
     (["bench", "attention", "--max-len", "8"], "--max-len must be at least 32"),
-    # argparse took an abbreviation as the option it starts: a silent --max-epochs 3
-    (["train", "--config", "configs/transformer.yaml", "--max-epoch", "3"],
-     "unknown option --max-epoch: did you mean --max-epochs?"),
-    (["translate", "--checkpoint", "README.md", "--bea", "5"], "unrecognized arguments: --bea 5"),
     (["average", "--checkpoint", "{export}"], "is a CTranslate2 export: nmt average takes a training run"),
     (["average", "--checkpoint", "docs"], "no config.yaml in docs: is it a training run directory?"),
 ])
@@ -384,6 +380,22 @@ def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch, tmp_
     assert main([arg.format(export=tmp_path) for arg in argv]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    # argparse took an abbreviation as the option it starts: a silent --max-epochs 3
+    (["train", "--config", "configs/transformer.yaml", "--max-epoch", "3"],
+     "unknown option --max-epoch: did you mean --max-epochs?"),
+    (["translate", "--checkpoint", "README.md", "--bea", "5"], "unrecognized arguments: --bea 5"),
+    (["train", "--config", "configs/transformer.yaml", "-x"], "cannot read option '-x'"),
+])
+def test_a_command_line_the_parser_cannot_take_exits_2(argv, message, capsys, monkeypatch):
+    """Status 2, as argparse's own refusals (a missing or malformed argument): a script tells a
+    wrong command line from a run that failed (1) by it."""
+    monkeypatch.chdir(REPO)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("argv,flag", [
@@ -1122,14 +1134,15 @@ def test_a_bad_option_names_its_key(capsys, option, message):
     (["train"], ["lr=0.1"], "unknown option lr: did you mean optim.lr?"),  # as written
     (["train"], ["--lr=0.1"], "unknown option --lr: did you mean --optim.lr?"),
     (["train"], ["--help-me", "1"], "config keys are set as --section.key"),
-    # a whole section is a config key: taken as one, as before
+    # a whole section is a config key: taken as one, as before (so a bad value, status 1)
     (["train"], ["--trainer", "{max_epochs: 0}"], "trainer.max_epochs and trainer.max_steps of 0"),
 ])
 def test_a_misspelt_option_is_named_with_the_nearest_one(tmp_path, capsys, command, option, message):
     """Left over by the parser, an undotted option read as a config key: "Key 'max_tim' not in
     'Config'", or a wrong guess ("Did you mean: 'trainer'?")."""
+    status = 1 if option[0] == "--trainer" else 2  # a usage error, as argparse's
     assert main([*command, "--config", str(REPO / "configs/transformer.yaml"), *option,
-                 "--run-dir", str(tmp_path / "run")]) == 1
+                 "--run-dir", str(tmp_path / "run")]) == status
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()

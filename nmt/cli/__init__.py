@@ -24,7 +24,7 @@ from nmt.cli.bench import add_bench
 from nmt.cli.decoding import add_average, add_decoding, add_export, add_serve
 from nmt.cli.options import HelpFormatter, dotted_overrides, named_overrides
 from nmt.cli.training import add_compare, add_prepare, add_train
-from nmt.errors import NMTError, Stopped
+from nmt.errors import NMTError, Stopped, UsageError
 
 
 class Parser(argparse.ArgumentParser):
@@ -115,12 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.takes_overrides:
                 args.run_command(args, named_overrides(args) + dotted_overrides(extra, args.known_options))
             elif extra:
-                raise NMTError(f"unrecognized arguments: {' '.join(extra)}")
+                raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
             else:
                 args.run_command(args)
     except NMTError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, UsageError) else 1
     except OSError as err:  # a file named on the command line that cannot be read or written
         where = f"{err.filename}: " if err.filename else ""
         print(f"error: {where}{err.strerror or err}", file=sys.stderr)

@@ -9,7 +9,7 @@ import json
 from dataclasses import fields, is_dataclass
 
 from nmt.config import Config
-from nmt.errors import NMTError
+from nmt.errors import UsageError
 
 
 def path_option(text: str) -> str:
@@ -85,7 +85,7 @@ def dotted_overrides(extra: list[str], known_options: list[str] = ()) -> list[st
         elif "=" in arg and not arg.startswith("-"):
             out.append((arg.split("=", 1)[0], arg))
         else:
-            raise NMTError(f"cannot read option '{arg}'; use --section.key VALUE or section.key=VALUE")
+            raise UsageError(f"cannot read option '{arg}'; use --section.key VALUE or section.key=VALUE")
         i += 1
     pairs = [(name, *override.split("=", 1)) for name, override in out]  # name, key, value
     for name, given, _ in pairs:
@@ -95,7 +95,7 @@ def dotted_overrides(extra: list[str], known_options: list[str] = ()) -> list[st
     return [key.replace("-", "_") + "=" + value for _, key, value in pairs]
 
 
-def unknown_option(name: str, key: str, known_options: list[str]) -> NMTError:
+def unknown_option(name: str, key: str, known_options: list[str]) -> UsageError:
     """A one-line error for option ``name`` (config key ``key``) that no parser took: the
     command's option of that name (--src_lang: --src-lang), else the config key of that name
     in its section (--lr: --optim.lr; lr=0.1: optim.lr), else the command's nearest option
@@ -107,7 +107,7 @@ def unknown_option(name: str, key: str, known_options: list[str]) -> NMTError:
     near = same or sections or difflib.get_close_matches(name, options, n=1, cutoff=0.6)
     hint = (f"did you mean {near[0]}?" if near else
             "config keys are set as --section.key VALUE, e.g. --trainer.max_epochs 3")
-    return NMTError(f"unknown option {name}: {hint}")
+    return UsageError(f"unknown option {name}: {hint}")
 
 def named_overrides(args: argparse.Namespace) -> list[str]:
     """The named training flags given, as config overrides (quoted: "no" stays a string)."""
