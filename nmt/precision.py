@@ -162,36 +162,42 @@ def has_native_bf16() -> bool:
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def choose_cpu_precision(shapes: list[tuple[int, int, int]], announce: bool = True) -> PrecisionChoice:
+def choose_cpu_precision(shapes: list[tuple[int, int, int]], leader: bool = True) -> PrecisionChoice:
     """bf16-mixed if bf16 matmuls of ``shapes`` beat fp32 by ``BF16_MARGIN``, else 32-true.
-    Always cached, steady or not: DDP's other processes, started after this one chose, read
-    its answer there, and must train in the same precision."""
+    Cached steady or not: DDP's other processes (not the ``leader``), started after the first
+    chose, read its answer there as it is, and must train in the same precision. A disturbed
+    answer decides that run alone: the next run's leader measures again."""
     return choose_by_probe(str(shapes), lambda: time_matmuls(shapes), "bf16 matmuls",
-                           cache_unsteady=True, announce=announce)
+                           cache_unsteady=True, leader=leader)
 
 
 def choose_by_probe(probe: str, measure: Callable[[], dict], what: str,
-                    cache_unsteady: bool = False, announce: bool = True) -> PrecisionChoice:
+                    cache_unsteady: bool = False, leader: bool = True) -> PrecisionChoice:
     """bf16-mixed if ``measure()`` (``summarise_rounds``: seconds in fp32 and in bf16) finds
     bf16 faster by ``BF16_MARGIN``, else 32-true. ``probe`` names what is measured; with the
     CPU, torch version and threads it keys the cache, which keeps a measurement whose rounds
-    disagreed (a busy machine) only with ``cache_unsteady``. ``what`` names it in the reason;
-    ``announce``: say on stderr that a probe runs (False in DDP's other processes)."""
+    disagreed (a busy machine) only with ``cache_unsteady``, and for followers: a ``leader``
+    measures such an entry again. ``what`` names it in the reason; only a leader says on
+    stderr that a probe runs (DDP's other processes stay quiet)."""
     cpu = cpu_model()
     if not has_native_bf16():
         return PrecisionChoice("32-true", f"no native bf16 matmuls on {cpu}")
     key = f"{cpu_identity()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{probe}"
     timing = _cached(key)
-    if timing is not None:
+    if timing is not None and (timing.get("steady", True) or not leader):
         return _choice(timing, what, cpu, "cached probe", measured=False)
-    if announce:
+    if leader:
         print(f"precision auto: timing {what} against fp32 (the answer is cached in {CACHE}; "
               "delete that file to measure again) ...", file=sys.stderr, flush=True)
-    timing, source = measure(), "probe"
+    timing = measure()
     if not (timing["steady"] or cache_unsteady):
         source = "probe; not cached: its rounds disagreed, the machine is busy"
     elif not _store(key, timing):
         source = f"probe; not cached: {CACHE} cannot be written"
+    elif not timing["steady"]:
+        source = "probe; its rounds disagreed, the machine is busy: the next run measures again"
+    else:
+        source = "probe"
     return _choice(timing, what, cpu, source, measured=True)
 
 

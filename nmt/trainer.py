@@ -56,7 +56,7 @@ def training_precision(config: Config) -> PrecisionChoice:
     shapes = probe_shapes(config.model, config.data.vocab_size)
     rank_zero = rank_zero_only.rank == 0  # DDP's other processes stay quiet
     choice = resolve_precision(config.trainer.precision,
-                               lambda: choose_cpu_precision(shapes, announce=rank_zero),
+                               lambda: choose_cpu_precision(shapes, leader=rank_zero),
                                config.trainer.accelerator)
     if choice not in _announced and rank_zero:  # once per process
         _announced.add(choice)
