@@ -363,6 +363,41 @@ def test_a_hub_file_that_cannot_be_read_is_one_line(tmp_path, capsys, streaming,
     assert not list((tmp_path / "data").glob("prepared/*"))  # nothing half-built left
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_tsv_line_ends_at_its_newline_alone(tmp_path, capsys, monkeypatch, streaming, gzipped):
+    """pandas ends a .tsv line at a lone carriage return too: the row was cut in two (a
+    sentence with an empty side, then a pair of halves), silently. Such a line is now a
+    one-line error naming the file and the line, wherever it is (in blocks of a few bytes
+    here, as in the 16 MiB blocks of a large file), and nothing is left prepared; a file with
+    Windows line ends still reads right, with no carriage return left in its targets."""
+    monkeypatch.setattr("nmt.data.corpus.CHUNK_BYTES", 16)
+    windows = "de\ten\r\n" + "".join(f"s{i}\tt{i}\r\n" for i in range(40))
+    name = "train.tsv.gz" if gzipped else "train.tsv"
+
+    def folder(path: Path, text: str) -> Path:
+        path.mkdir()
+        for split in ("train", "validation"):
+            data = text.encode()
+            (path / name.replace("train", split)).write_bytes(gzip.compress(data) if gzipped else data)
+        return path
+
+    corpus = load_corpus(DataConfig(hub_dataset=str(folder(tmp_path / "windows", windows)),
+                                    hub_streaming=streaming))
+    assert list(zip(*next(read_pairs(corpus.sources["train"])))) == [(f"s{i}", f"t{i}") for i in range(40)]
+    lone = {3: windows.replace("s1\t", "s1\rx\t"),  # in a source
+            30: windows.replace("t28\r\n", "t28\r\r\n"),  # ending a target, before \r\n
+            41: windows.removesuffix("\n")}  # the file's last byte
+    for line, text in lone.items():
+        bad = folder(tmp_path / f"bad{line}", text)
+        assert main(["prepare", f"data.hub_dataset={bad}", f"data.data_dir={tmp_path / 'data'}",
+                     f"data.hub_streaming={streaming}", "data.vocab_size=60"]) == 1
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"error: {bad / name}, line {line}: a carriage return (\\r) inside the line; lines "
+            "end at \\n only, so pairs would shift: replace it with a space")
+        assert not list((tmp_path / "data").glob("prepared/*"))  # nothing half-built left
+
+
 def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):
     """data.hub_streaming reads the dataset as a stream, twice (sample, encode), and ends with
     the ids the downloaded dataset and the same pairs as text files give."""
