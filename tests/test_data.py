@@ -398,6 +398,39 @@ def test_a_tsv_line_ends_at_its_newline_alone(tmp_path, capsys, monkeypatch, str
         assert not list((tmp_path / "data").glob("prepared/*"))  # nothing half-built left
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_tsv_line_without_its_tab_is_an_error(tmp_path, capsys, monkeypatch, streaming):
+    """A .tsv line with fewer tabs than its header (a sentence broken over two lines, a tab
+    lost) was read with an empty target and left out as such, silently, where the file is
+    malformed: it is now a one-line error naming the file and line, wherever it is, and
+    nothing is left prepared. Blank lines (pandas reads no row there) are no error."""
+    monkeypatch.setattr("nmt.data.corpus.CHUNK_BYTES", 16)
+    rows = ["id\tde\ten", *(f"{i}\ts{i}\tt{i}" for i in range(40))]
+    rows.insert(5, "")  # blank lines: read as none,
+    rows.insert(9, "\r")  # with a Windows line end too
+    good = tmp_path / "good"
+    good.mkdir()
+    for split in ("train", "validation"):
+        (good / f"{split}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    corpus = load_corpus(DataConfig(hub_dataset=str(good), hub_streaming=streaming))
+    assert list(zip(*next(read_pairs(corpus.sources["train"])))) == [(f"s{i}", f"t{i}") for i in range(40)]
+    for line, short in ((3, "1\ts1 t1"), (30, "26\ts26"), (43, "t39")):  # the last line: no \n
+        bad = tmp_path / f"bad{line}"
+        bad.mkdir()
+        lines = rows.copy()
+        lines[line - 1] = short
+        (bad / "train.tsv").write_text("\n".join(lines), encoding="utf-8")  # the last: no \n
+        (bad / "validation.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+        assert main(["prepare", f"data.hub_dataset={bad}", f"data.data_dir={tmp_path / 'data'}",
+                     f"data.hub_streaming={streaming}", "data.vocab_size=60"]) == 1
+        tabs = short.count("\t")
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"error: {bad / 'train.tsv'}, line {line}: {tabs} tab{'s' * (tabs != 1)} where the "
+            "header line has 2: each line holds a whole pair (a sentence broken over two lines, "
+            "or a tab lost?)")
+        assert not list((tmp_path / "data").glob("prepared/*"))  # nothing half-built left
+
+
 def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):
     """data.hub_streaming reads the dataset as a stream, twice (sample, encode), and ends with
     the ids the downloaded dataset and the same pairs as text files give."""
