@@ -290,6 +290,32 @@ def test_a_copy_with_its_times_kept_is_the_same_corpus(tmp_path):
     assert prepare(cfg) == first
 
 
+@pytest.mark.parametrize("large", [False, True])
+def test_a_training_file_replaced_with_its_size_and_time_kept_is_prepared_again(
+        tmp_path, monkeypatch, large):
+    """A training file replaced by another text of the same size and modification time
+    (`tac train.en > x; touch -r train.en x; mv x train.en`, or cp -p) reused the folder
+    prepared from the old text: the key was path, size and time, and the training split
+    is never compared with what was prepared. Its key now holds a sample of its bytes: the
+    new text is prepared anew; ``large``: a file larger than the sample (read in blocks)."""
+    if large:  # 4 blocks of 64 bytes: the 7 KB training files are read in part
+        monkeypatch.setattr("nmt.data.corpus.SAMPLE_BYTES", 64, raising=False)
+        monkeypatch.setattr("nmt.data.corpus.SAMPLE_BLOCKS", 4, raising=False)
+    cfg = _local_layout(tmp_path / "data", write_corpus(tmp_path))
+    first = prepare(cfg)
+    train = tmp_path / "data" / "toy" / "train.en"
+    before = train.stat()
+    assert large == (before.st_size > (4 * 64 if large else 16 << 16))
+    train.write_text("".join(reversed(train.read_text(encoding="utf-8").splitlines(keepends=True))),
+                     encoding="utf-8")
+    os.utime(train, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (train.stat().st_size, train.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    second = prepare(cfg)
+    assert second != first
+    reversed_ids = load_side(second, "train", "en").lengths.tolist()
+    assert reversed_ids == load_side(first, "train", "en").lengths.tolist()[::-1]
+
+
 def _hub_folder(folder: Path, files: dict) -> Path:
     """The write_corpus files as a dataset folder in the Hub's layout: {train,validation}.jsonl
     of {"translation": {"de": ..., "en": ...}}, which ``datasets.load_dataset`` reads offline."""
@@ -453,10 +479,11 @@ def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):
 
 
 @pytest.mark.parametrize("source", ["stream", "file"])
-def test_a_text_changed_unseen_by_the_cache_is_not_scored_against_its_old_ids(tmp_path, source):
-    """A stream's cache key is its name and version, a file's its size and modification
-    time: a dataset revised under the same name, or a file replaced by another of the same
-    size and time (`tac val.en > x; touch -r val.en x; mv x val.en`), kept the prepared ids,
+def test_a_text_changed_unseen_by_the_cache_is_not_scored_against_its_old_ids(tmp_path, source,
+                                                                             monkeypatch):
+    """A stream's cache key is its name and version, a file's its size, modification time
+    and a sample of its bytes: a dataset revised under the same name, or a file edited
+    between its sampled blocks with its size and time kept, kept the prepared ids,
     and training scored validation BLEU of the old ids' sources against the new references.
     Training now checks the references against what was prepared."""
     files = write_corpus(tmp_path)
@@ -468,6 +495,9 @@ def test_a_text_changed_unseen_by_the_cache_is_not_scored_against_its_old_ids(tm
     else:
         cfg = _local_layout(tmp_path / "data", files)
         validation = tmp_path / "data" / "toy" / "val.en"
+        # the key's sample of a file's bytes does not see an edit between its blocks (of a
+        # large file): as if this were one
+        monkeypatch.setattr("nmt.data.corpus.content_sample", lambda path: "the same blocks")
     folder = prepare(cfg)
     check_prepared_text(folder, "val", {"en": load_corpus(cfg)["val"]["tgt"]})  # as prepared: passes
     before = validation.stat()
