@@ -33,7 +33,7 @@ from nmt.average import final_weights
 from nmt.callbacks import StopOnSignals
 from nmt.config import DECODING_PRECISIONS, Config, DecodingConfig, OptimConfig, run_dir_of, save_config
 from nmt.data.batching import Batch, TokenBatchSampler
-from nmt.data.corpus import split_sources
+from nmt.data.corpus import local_sources, resolve_hub, split_sources
 from nmt.data.module import (
     PreparedData,
     TranslationDataModule,
@@ -443,9 +443,12 @@ def train_into(config: Config, run_dir: Path) -> None:
     if resume_from is not None and nothing_to_train(config, resume_from):
         return
     # A corpus that cannot be found (no local files, the Hub unreachable): one line, before
-    # the precision probe's and the Trainer's lines (a Hub dataset is downloaded here, once)
-    sources = split_sources(config.data)
-    trainer = build_trainer(config, run_dir)  # Lightning checks the rest of its options here
+    # the precision probe's and the Trainer's lines; a Hub dataset's files are resolved here,
+    local = local_sources(config.data)
+    hub = resolve_hub(config.data) if local is None else None
+    trainer = build_trainer(config, run_dir)  # Lightning checks the rest of its options here,
+    # and the dataset is downloaded after them (once; a first download may take hours)
+    sources = local if local is not None else split_sources(config.data, hub=hub)
     data = prepare_data(config.data, sources)
     references = list(data.text["val"]["tgt"])
     if not references:  # else it fails at the first validation, after training

@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 
@@ -325,6 +326,44 @@ def _hub_folder(folder: Path, files: dict) -> Path:
         rows = [json.dumps({"translation": {"de": s, "en": t}}) for s, t in zip(*sides)]
         (folder / f"{name}.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
     return folder
+
+
+def test_a_hub_dataset_is_resolved_once(tmp_path, monkeypatch):
+    """Loading a Hub dataset resolved its files twice (load_dataset_builder to read its
+    configuration, then load_dataset, which resolved them again: listings of the Hub, each
+    time); once now, where its files are not CSV (whose options need a builder of their own)."""
+    resolved = []
+    factory = datasets.load.dataset_module_factory
+    monkeypatch.setattr(datasets.load, "dataset_module_factory",
+                        lambda *args, **kwargs: resolved.append(args[0]) or factory(*args, **kwargs))
+    hub = _hub_folder(tmp_path / "hub", write_corpus(tmp_path))
+    corpus = load_corpus(DataConfig(hub_dataset=str(hub)))
+    assert len(corpus["train"]) == 300 and resolved == [str(hub)]
+
+
+def test_a_bad_trainer_option_is_found_before_a_hub_download(tmp_path, monkeypatch, capsys):
+    """nmt train downloaded a Hub dataset (hours, the first time, for WMT) before building
+    its Trainer, so an option only the Trainer refuses (trainer.tensorboard without
+    TensorBoard installed, as here) was found after the download. The dataset's files are
+    now resolved first (a Hub out of reach is still the first line), downloaded after."""
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'tensorboard'")
+
+    monkeypatch.setattr("nmt.trainer.TensorBoardLogger", missing)
+    downloads = []
+    prepare_files = datasets.DatasetBuilder.download_and_prepare
+    monkeypatch.setattr(datasets.DatasetBuilder, "download_and_prepare",
+                        lambda self, *a, **k: downloads.append(self) or prepare_files(self, *a, **k))
+    hub = _hub_folder(tmp_path / "hub", write_corpus(tmp_path))
+    args = ["train", "--run-dir", str(tmp_path / "run"), f"data.data_dir={tmp_path / 'data'}",
+            "trainer.accelerator=cpu", "trainer.precision=32-true", "trainer.tensorboard=true"]
+    assert main([*args, f"data.hub_dataset={hub}"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        'error: trainer.tensorboard needs TensorBoard: pip install -e ".[tensorboard]"'
+    assert downloads == []
+    assert main([*args, f"data.hub_dataset={tmp_path / 'gone'}"]) == 1  # not found: the first
+    assert capsys.readouterr().err.strip().startswith(  # (and only) line, as before
+        f"error: the Hub dataset '{tmp_path / 'gone'}' (data.hub_dataset) could not be loaded: ")
 
 
 def _tsv_folder(folder: Path, pairs: list[tuple[str, str]]) -> Path:

@@ -93,12 +93,22 @@ class HubStream:
 Source = tuple[str, str] | HubSplit | HubStream
 
 
-def split_sources(cfg: DataConfig, needed: tuple[str, ...] = SPLITS) -> dict[str, Source]:
-    """Where each split comes from: named files, the local folder, or the Hub (loaded).
-    Named files must exist for the ``needed`` splits (evaluating one split of a run needs
-    its files alone, not the training corpus, which may be gone)."""
+@dataclass(frozen=True)
+class HubDataset:
+    """A Hub dataset whose files are resolved (``resolve_hub``), nothing of it downloaded."""
+
+    builder: datasets.DatasetBuilder  # with the options csv_options gives its files
+    tsv_files: dict[str, tuple[str, ...]]  # each split's (by the dataset's names) to check
+
+
+def split_sources(cfg: DataConfig, needed: tuple[str, ...] = SPLITS,
+                  hub: HubDataset | None = None) -> dict[str, Source]:
+    """Where each split comes from: named files, the local folder, or the Hub (loaded; from
+    ``hub``, where its files are resolved already). Named files must exist for the ``needed``
+    splits (evaluating one split of a run needs its files alone, not the training corpus,
+    which may be gone)."""
     local = local_sources(cfg, needed)
-    return local if local is not None else _from_hub(cfg)
+    return local if local is not None else _from_hub(cfg, hub or resolve_hub(cfg))
 
 
 def local_sources(cfg: DataConfig, needed: tuple[str, ...] = SPLITS) -> dict[str, Source] | None:
@@ -448,36 +458,67 @@ def hub_name(cfg: DataConfig) -> str | None:
     return cfg.hub_dataset or HUB_DEFAULTS.get(cfg.corpus)
 
 
-def _from_hub(cfg: DataConfig) -> dict[str, Source]:
+def resolve_hub(cfg: DataConfig) -> HubDataset:
+    """The configured Hub dataset with its files resolved and nothing downloaded (seconds,
+    where a first download may take hours): an unreachable Hub or a dataset not found is its
+    one-line error here, so that training checks it before its other options and loads it
+    after (``_from_hub``). A dataset of CSV or TSV files is resolved twice: once to find that
+    it is (its builder's configuration), once with the options ``csv_options`` gives it."""
+    languages = (cfg.src_lang, cfg.tgt_lang)
+    with _hub_errors(cfg):
+        builder = datasets.load_dataset_builder(hub_name(cfg), cfg.hub_config)
+        if options := csv_options(builder.config, languages):
+            builder = datasets.load_dataset_builder(hub_name(cfg), cfg.hub_config, **options)
+    tsv_files = {}
+    if options.get("quoting") == csv.QUOTE_NONE:  # a row a line: lines are checked as such
+        tsv_files = {split: tuple(filter(_read_here, files))
+                     for split, files in (builder.config.data_files or {}).items()}
+    return HubDataset(builder, tsv_files)
+
+
+@contextmanager
+def _hub_errors(cfg: DataConfig) -> Iterator[None]:
+    """A Hub dataset that cannot be resolved or loaded as a one-line error: datasets raises
+    many types (ConnectionError, FileNotFoundError, ...)."""
     name = hub_name(cfg)
     local = Path(cfg.data_dir) / cfg.corpus
-    pair = f"{cfg.src_lang}-{cfg.tgt_lang}"
     try:
-        hub, tsv_files = _load_dataset(name, cfg.hub_config, cfg.hub_streaming,
-                                       (cfg.src_lang, cfg.tgt_lang))
-    except Exception as err:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
+        yield
+    except Exception as err:
         if cfg.hub_dataset is not None:  # asked for by name: the local folder is not looked at
             raise NMTError(f"the Hub dataset '{name}' (data.hub_dataset) could not be loaded: "
                            f"{_reason(err)}. Drop data.hub_dataset to read {local}/, or set "
                            "data.train_files/data.val_files.") from None
         raise NMTError(
-            f"corpus '{cfg.corpus}' ({pair}) not found locally in {local}/ "
+            f"corpus '{cfg.corpus}' ({cfg.src_lang}-{cfg.tgt_lang}) not found locally in {local}/ "
             f"(train|val|test_2016_flickr).<lang>[.gz]{_languages_there(local)} and the Hub "
             f"dataset '{name}' could not be loaded: {_reason(err)}. Put the files there or set "
             "data.train_files/data.val_files."
         ) from None
+
+
+def _from_hub(cfg: DataConfig, hub: HubDataset) -> dict[str, Source]:
+    """The splits of a resolved Hub dataset: downloaded (into datasets' cache, once), or
+    opened as streams."""
+    name = hub_name(cfg)
+    with _hub_errors(cfg):  # as datasets.load_dataset loads
+        if cfg.hub_streaming:
+            splits = hub.builder.as_streaming_dataset()
+        else:
+            hub.builder.download_and_prepare()
+            splits = hub.builder.as_dataset()
     corpus = {}
     for split, names in HUB_SPLITS.items():
-        found = next((n for n in names if n in hub), None)
+        found = next((n for n in names if n in splits), None)
         if found is not None:
             src, tgt = cfg.src_lang, cfg.tgt_lang
             with stream_errors(name) if cfg.hub_streaming else nullcontext():  # reads its first rows
-                rows = _language_columns(hub[found], src, tgt, name)
-            files = tsv_files.get(found, ())
+                rows = _language_columns(splits[found], src, tgt, name)
+            files = hub.tsv_files.get(found, ())
             corpus[split] = HubStream(name, cfg.hub_config, found, rows, src, tgt, files) \
                 if cfg.hub_streaming else HubSplit(rows, src, tgt, files)
     if "train" not in corpus or "val" not in corpus:
-        raise NMTError(f"Hub dataset '{name}' lacks a train or validation split: {list(hub)}")
+        raise NMTError(f"Hub dataset '{name}' lacks a train or validation split: {list(splits)}")
     return corpus
 
 
@@ -501,19 +542,6 @@ def stream_errors(name: str) -> Iterator[None]:
         raise
     except Exception as err:
         raise NMTError(f"the Hub dataset '{name}' could not be read: {_reason(err)}") from None
-
-
-def _load_dataset(name: str, config: str | None, streaming: bool, languages: tuple[str, str]
-                  ) -> tuple[datasets.DatasetDict | datasets.IterableDatasetDict, dict]:
-    """``datasets.load_dataset``, with the options ``csv_options`` gives the dataset's files;
-    and each split's local files read a row a line (``check_tsv_lines``), by split name."""
-    builder = datasets.load_dataset_builder(name, config)  # resolves the files, reads none
-    options = csv_options(builder.config, languages)
-    tsv_files = {}
-    if options.get("quoting") == csv.QUOTE_NONE:  # a row a line: lines are checked as such
-        tsv_files = {split: tuple(filter(_read_here, files))
-                     for split, files in (builder.config.data_files or {}).items()}
-    return datasets.load_dataset(name, config, streaming=streaming, **options), tsv_files
 
 
 def _read_here(path: str) -> bool:
