@@ -50,11 +50,11 @@ def open_bytes(path: str) -> BinaryIO:
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to, renamed over ``path`` when the block ends
-    without error; removed otherwise, so no half-written file is left behind. A file replaced
-    keeps its permission bits, as one written in place would. A symbolic link
-    is written through (its target is replaced, the link kept); a pipe or a device
-    (``/dev/stdout``, ``/proc/self/fd/1``: the process' own streams, whatever they lead to) is
-    written in place, as it cannot be replaced."""
+    without error; removed otherwise, with the folders made for it, so no half-written file
+    (nor an empty folder) is left behind. A file replaced keeps its permission bits, as one
+    written in place would. A symbolic link is written through (its target is replaced, the
+    link kept); a pipe or a device (``/dev/stdout``, ``/proc/self/fd/1``: the process' own
+    streams, whatever they lead to) is written in place, as it cannot be replaced."""
     path = Path(path)
     if path.is_dir():
         raise NMTError(f"output {path} is a directory")
@@ -73,20 +73,22 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     if file := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
         raise NMTError(f"cannot write {path}: {file} is a file, not a folder")  # mkdir: "exists"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        yield tmp
-        # The file replaced keeps its permissions: a private (600) output became readable by
-        # all (644, the umask's) otherwise. Tried, not checked first: a file removed since
-        # (by another process) is simply a new one.
-        with suppress(FileNotFoundError):
-            shutil.copymode(path, tmp)
-        os.replace(tmp, path)
-    except OSError as err:
-        raise NMTError(f"cannot write {path}: {err.strerror}") from None
-    finally:
-        with suppress(OSError):  # where the folder could not be made, there is no file either
-            tmp.unlink(missing_ok=True)
+    # A failed write into a new a/b/out left a/b behind, empty: gone with the file
+    with made_folders_removed_on_failure(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            yield tmp
+            # The file replaced keeps its permissions: a private (600) output became readable
+            # by all (644, the umask's) otherwise. Tried, not checked first: a file removed
+            # since (by another process) is simply a new one.
+            with suppress(FileNotFoundError):
+                shutil.copymode(path, tmp)
+            os.replace(tmp, path)
+        except OSError as err:
+            raise NMTError(f"cannot write {path}: {err.strerror}") from None
+        finally:
+            with suppress(OSError):  # where the folder could not be made, there is no file either
+                tmp.unlink(missing_ok=True)
 
 
 @contextmanager

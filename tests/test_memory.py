@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nmt.errors import NMTError
-from nmt.files import write_atomic
+from nmt.files import atomic_path, save_atomic, write_atomic
 from nmt.memory import peak_memory_mb, resident_memory_mb
 from nmt.trainer import AtomicCheckpointIO
 
@@ -55,6 +55,22 @@ def test_a_text_that_cannot_be_written_is_a_one_line_error(tmp_path):
     with pytest.raises(NMTError, match="is a directory"):
         write_atomic(tmp_path, "text")
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["blocker", "out.txt"]
+
+
+def test_a_failed_write_leaves_no_folder_it_made(tmp_path):
+    """A write into folders that did not exist yet, failing (a full disk, an object torch
+    cannot save), removed its half-written file but left the empty folders made for it
+    (out/a/b); they are removed too now, and a folder that existed before is kept."""
+    (tmp_path / "out").mkdir()
+    with pytest.raises(NMTError, match="cannot write .*last.ckpt: this object cannot be saved"):
+        save_atomic({"bad": Unpicklable()}, tmp_path / "out" / "a" / "b" / "last.ckpt")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and not any((tmp_path / "out").iterdir())
+    (tmp_path / "out" / "kept").mkdir()  # a made folder that is not empty stays, without an error
+    with pytest.raises(ValueError, match="stopped"), atomic_path(tmp_path / "out" / "x" / "f") as tmp:
+        (tmp.parent / "other").write_text("written meanwhile")
+        raise ValueError("stopped")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["kept", "x"]
+    assert [p.name for p in (tmp_path / "out" / "x").iterdir()] == ["other"]
 
 
 def test_a_file_replaced_keeps_its_permissions(tmp_path):
