@@ -278,6 +278,9 @@ class TranslationModule(L.LightningModule):
 
 def check_training_config(config: Config) -> None:
     """One-line errors for options that would fail only after data preparation, or never."""
+    if config.run_dir == "":  # run_dir_of read it as unset: the default folder, silently
+        raise NMTError("bad config: run_dir is empty (an unset variable?): name a folder, or "
+                       "leave it out (null) for the default under checkpoints/")
     check_model_fits(config)
     check_data_config(config)
     check_optim_config(config.optim)

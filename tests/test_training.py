@@ -161,6 +161,28 @@ def test_a_corpus_not_found_is_said_before_the_trainer_is_built(tmp_path, monkey
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("given", ["yaml", "override"])
+def test_an_empty_run_dir_is_refused_as_on_the_command_line(tmp_path, monkeypatch, capsys, given):
+    """--run-dir "" is refused (an unset variable), but run_dir: "" in a config file (or the
+    override run_dir="" with its quotes) read as unset: the run trained into the default folder under
+    checkpoints/, silently. It is now the one-line error of a bad config."""
+    monkeypatch.chdir(tmp_path)
+    args = [arg for arg in tiny_train_args(write_corpus(tmp_path), tmp_path / "run", tmp_path / "data")
+            if arg not in ("--run-dir", str(tmp_path / "run"))]
+    if given == "yaml":
+        config = REPO / "configs" / "transformer.yaml"
+        (tmp_path / "run.yaml").write_text(config.read_text(encoding="utf-8") + '\nrun_dir: ""\n',
+                                           encoding="utf-8")
+        args[args.index(str(config))] = str(tmp_path / "run.yaml")
+    else:  # the quotes kept (a script's argument list): YAML's empty text; run_dir= is null
+        args.append('run_dir=""')
+    assert main(args) == 1
+    assert capsys.readouterr().err == ("error: bad config: run_dir is empty (an unset variable?): "
+                                       "name a folder, or leave it out (null) for the default "
+                                       "under checkpoints/\n")
+    assert not (tmp_path / "checkpoints").exists()
+
+
 def test_a_run_resumed_without_early_stopping_or_kept_checkpoints_says_nothing_of_them(tmp_path):
     """Turning early stopping and checkpoint keeping off between segments is allowed
     (RESUMABLE_CHANGES); Lightning still asked the user to add those callbacks back."""
