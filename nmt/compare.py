@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.config import ADDED_SINCE, load_config, overrides_layer, read_yaml, to_dict
-from nmt.errors import NMTError
+from nmt.errors import CELL_PARENT, NMTError, end_with_parent
 from nmt.memory import usable_cpus
 
 
@@ -233,8 +233,11 @@ def train_cell(cell: Cell, config_file: str, overrides: list[str], run_dir: Path
     command = [sys.executable, "-m", "nmt", "train", "--config", config_file,
                "--run-dir", str(run_dir), *overrides, "trainer.enable_progress_bar=false"]
     print(f"  {cell.name}: training (log: {run_dir / 'train.log'})", flush=True)
+    # the training ends with this process (CELL_PARENT): stopped by SIGTERM, this one ends at
+    # once (its default action) and would leave it training on alone, holding its run's lock
+    env = {**os.environ, CELL_PARENT: str(os.getpid())}
     with open(run_dir / "train.log", "a") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     if done.returncode != 0:
         raise NMTError(f"training {cell.name} failed; see {run_dir / 'train.log'}")
 
@@ -252,9 +255,13 @@ def record_cell(cfg: CompareConfig, preset: str, cell: Cell, config_file: str,
     return cell.name
 
 
-def _use_threads(threads: int) -> None:
-    """A worker's CPU share, set before it imports torch; its training children inherit it."""
+def _start_worker(threads: int, parent: int) -> None:
+    """A worker's CPU share, set before it imports torch; its training children inherit it.
+    The worker gets SIGTERM when ``nmt compare`` (pid ``parent``) ends, which ends the
+    training it runs (``_in_worker``): stopped by SIGTERM, compare ended alone and its workers
+    trained and recorded on."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    end_with_parent(signal.SIGTERM, parent)
 
 
 class _WorkerEnded(BaseException):
@@ -294,7 +301,7 @@ def record_in_parallel(jobs: list[tuple], workers: int) -> None:
     threads = threads_per_worker(workers)
     failed, lost = [], []
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_use_threads, initargs=(threads,)) as pool:
+                             initializer=_start_worker, initargs=(threads, os.getpid())) as pool:
         running = {pool.submit(_in_worker, record_cell, *job): job[2].name for job in jobs}
         for done in as_completed(running):
             try:

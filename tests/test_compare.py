@@ -382,8 +382,8 @@ def test_a_broken_pool_ends_the_trainings_its_other_workers_started(tmp_path):
 
     pid_file = tmp_path / "pid"
     training = ["sh", "-c", f"echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file} && exec sleep 60"]
-    with ProcessPoolExecutor(2, mp_context=get_context("spawn"), initializer=compare._use_threads,
-                             initargs=(1,)) as pool:
+    with ProcessPoolExecutor(2, mp_context=get_context("spawn"), initializer=compare._start_worker,
+                             initargs=(1, os.getpid())) as pool:
         # both workers started first: the pool watches for the death of those it had when a
         # job came (Python 3.11 saw one started with the job only once another job ended)
         for started in [pool.submit(os.getpid) for _ in range(2)]:
@@ -956,3 +956,55 @@ def test_a_difference_the_same_on_every_seed_has_no_t_test_p_value():
     assert seed_test(cells(33.09, 33.37, 32.83), base, False) == 1.0  # no difference at all
     expected = ttest_rel([33.47, 33.75, 33.31], [33.09, 33.37, 32.83]).pvalue  # +0.38, +0.38, +0.48
     assert seed_test(cells(33.47, 33.75, 33.31), base, False) == round(float(expected), 4)
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_compare_stopped_by_sigterm_ends_the_cell_it_trains(tmp_path, jobs):
+    """SIGTERM to nmt compare (``kill``, ``timeout``) ended compare alone: the cell's training
+    it had started trained on, unseen, holding its run's lock (with --jobs, its worker too)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    files = write_corpus(tmp_path)
+    common = [f"data.{split}_files=[{','.join(files[split])}]" for split in ("train", "val", "test")]
+    config = {"families": {"rnn": str(REPO / "configs/rnn_bahdanau.yaml")},
+              "baselines": {"rnn": "additive"}, "presets": {"p": {
+                  "overrides": {"all": [*common, f"data.data_dir={tmp_path / 'data'}",
+                                        "data.vocab_size=100", "trainer.max_epochs=1000",
+                                        "trainer.early_stopping_patience=0",  # trains on
+                                        "trainer.accelerator=cpu"], "rnn": TINY_RNN},
+                  "groups": {"main": {"seeds": 2, "attentions": {"rnn": ["additive"]}}}}}}
+    (tmp_path / "compare.yaml").write_text(yaml.safe_dump(config))
+    runs = tmp_path / "runs"
+
+    def trainings() -> set[int]:  # each holds its run's lock, naming itself
+        locks = [lock.read_text() for lock in runs.glob("*/.lock")] if runs.is_dir() else []
+        return {int(lock.split()[1]) for lock in locks if lock.startswith("pid ")}
+
+    def alive(pid: int) -> bool:
+        state = Path(f"/proc/{pid}/stat")
+        return state.exists() and state.read_text().split(") ")[1][0] != "Z"
+
+    compare = subprocess.Popen([sys.executable, "-m", "nmt", "compare", "--config",
+                                str(tmp_path / "compare.yaml"), "--preset", "p", "--out",
+                                str(tmp_path / "out"), "--runs", str(runs), "--jobs", jobs],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(1200):
+            if trainings():
+                break
+            time.sleep(0.1)
+        compare.send_signal(signal.SIGTERM)
+        compare.wait(timeout=60)
+        for _ in range(100):
+            left = {pid for pid in trainings() if alive(pid)}
+            if not left:
+                break
+            time.sleep(0.1)
+    finally:
+        compare.kill()
+    for pid in left:
+        os.kill(pid, 9)
+    assert trainings() and not left, "the cell's training went on after compare was stopped"

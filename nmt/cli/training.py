@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
-import sys
 from pathlib import Path
 
 from nmt.cli.options import (
@@ -15,6 +13,7 @@ from nmt.cli.options import (
     path_option,
     positive_int,
 )
+from nmt.errors import CELL_PARENT, end_with_parent
 
 
 def add_train(sub: argparse._SubParsersAction) -> None:
@@ -26,18 +25,20 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--config", type=path_option, help="YAML config, e.g. configs/transformer.yaml")
     add_train_flags(train, tuple(TRAIN_FLAGS))
 
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
-
-
 def die_with_launcher() -> None:
     """A process a launcher started for one of a run's ranks (it sets LOCAL_RANK: Lightning's
     DDP launcher, torchrun) is killed when the process that started it ends. Lightning's
     launcher watches its workers (it ends the run within 5 s of one's death), but nothing
     watched it: killed while a worker started up (SIGKILL, or SIGTERM before training), it
     left that worker waiting for it in the process group's rendezvous for 30 minutes (its
-    timeout), unseen. Linux's prctl, called first, before the imports; elsewhere nothing."""
-    if "LOCAL_RANK" in os.environ and sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    timeout), unseen. So is a cell's training that ``nmt compare`` started (it names itself in
+    CELL_PARENT): compare stopped by SIGTERM (``kill``, ``timeout``) left it training on alone,
+    holding its run's lock. Linux's prctl, called first, before the imports; elsewhere nothing."""
+    compare = os.environ.pop(CELL_PARENT, None)  # not for the processes training starts
+    if compare is not None:
+        end_with_parent(signal.SIGKILL, int(compare))
+    elif "LOCAL_RANK" in os.environ:
+        end_with_parent(signal.SIGKILL, os.getppid())
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
