@@ -86,9 +86,12 @@ def paired_bootstrap(baseline: list[str], systems: dict[str, list[str]], refs: l
                      samples: int) -> tuple[dict[str, float], str | None]:
     """p-value of each system's BLEU against the baseline (sacreBLEU's paired bootstrap,
     ``samples`` resamples drawn with ``BOOTSTRAP_SEED``), and sacreBLEU's signature of the
-    test (BLEU's with ``bs:<samples>|seed:<seed>``; None where none ran). A system that
-    translates every sentence as the baseline does differs in nothing: 1.0, where sacreBLEU's
-    bootstrap gives its smallest p, 1 / (samples + 1), which reads as significant."""
+    test (BLEU's with ``bs:<samples>|seed:<seed>``; None where none ran). A system of the
+    baseline's BLEU differs from it by nothing: 1.0 (as a two-sided test of a zero difference
+    gives), where sacreBLEU's bootstrap can give its smallest p, 1 / (samples + 1), which
+    reads as significant: it counts the resamples whose difference strictly exceeds the real
+    one, and none can where every resample scores the two alike (the same translations; both
+    at BLEU 0, as a smoke test's cells)."""
     p_values = {name: 1.0 for name, hyps in systems.items() if hyps == baseline}
     named = [("baseline", baseline), *[(n, h) for n, h in systems.items() if n not in p_values]]
     if len(named) == 1:
@@ -97,7 +100,9 @@ def paired_bootstrap(baseline: list[str], systems: dict[str, list[str]], refs: l
         test = PairedTest(named, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples,
                           n_jobs=1)
         signatures, results = test()
-    p_values |= {name: r.p_value for name, r in zip(results["System"][1:], results["BLEU"][1:])}
+    base, *rivals = results["BLEU"]  # in the order of ``named``, the baseline first
+    p_values |= {name: 1.0 if r.score == base.score else r.p_value
+                 for name, r in zip(results["System"][1:], rivals)}
     return p_values, str(signatures["BLEU"])
 
 

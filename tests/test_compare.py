@@ -921,6 +921,20 @@ def test_a_system_identical_to_its_baseline_is_not_significant():
     assert 0 < found["other"] < 1.0
 
 
+def test_a_system_of_the_baselines_bleu_is_not_significant():
+    """Two systems that translate differently but score the same BLEU on every resample (both
+    0, as a smoke test's cells) got sacreBLEU's smallest p, 1 / (samples + 1): 0.0099 in the
+    table at 100 resamples, read as significant."""
+    from nmt.study_report import paired_bootstrap
+
+    refs = ["a dog runs in the snow .", "two men play football .", "a girl reads a book ."]
+    baseline = ["cat", "house", "tree"]
+    other = ["blue", "green", "red"]  # another text, no n-gram of the references either
+    assert BLEU().corpus_score(baseline, [refs]).score == BLEU().corpus_score(other, [refs]).score
+    found, _ = paired_bootstrap(baseline, {"other": other}, refs, 100)
+    assert found["other"] == 1.0
+
+
 def test_the_bootstrap_draws_with_the_projects_seed_whatever_sacrebleu_seed_says(monkeypatch):
     """sacreBLEU's paired bootstrap reads its seed from $SACREBLEU_SEED: a user who had set it
     got other p-values than the committed ones, with no sign of why."""
