@@ -84,19 +84,20 @@ def draw_cross(records: dict, cfg, line: int, path: Path) -> None:
 
 def draw_encoder(records: dict, line: int, path: Path) -> None:
     """The last encoder layer's self-attention of every seed-1 Transformer cell: one row per
-    scorer, one column per head, then the mean over heads."""
-    panels, heads = [], 0
-    for cell, record in records.items():
-        picture = picture_of(record, line)
-        if picture is None or "encoder" not in picture:
-            continue
-        weights = torch.tensor(picture["encoder"])  # (H, S, S)
-        heads = max(heads, weights.size(0))
-        name = f"{cell.attention}{_variant(cell.variant)}"
-        for h, matrix in enumerate(weights):
-            panels.append((f"{name} head {h}", matrix, picture["source"], picture["source"]))
-        panels.append((f"{name} mean", weights.mean(0), picture["source"], picture["source"]))
-    if panels:
-        save_attention_grid(path, panels, columns=heads + 1)
-    else:
+    scorer, one column per head, then the mean over heads. A cell of fewer heads than the
+    widest (a head-size variant) leaves the rest of its row empty: the next cell's panels
+    began on it, so a row mixed two cells under one row's worth of columns."""
+    pictured = [(cell, torch.tensor(picture["encoder"]), picture["source"])  # (H, S, S)
+                for cell, record in records.items()
+                if (picture := picture_of(record, line)) is not None and "encoder" in picture]
+    if not pictured:
         path.unlink(missing_ok=True)  # an earlier table's cells' picture, not these cells'
+        return
+    columns = max(weights.size(0) for _, weights, _ in pictured) + 1  # heads, then the mean
+    panels = []
+    for cell, weights, source in pictured:
+        name = f"{cell.attention}{_variant(cell.variant)}"
+        panels += [(f"{name} head {h}", matrix, source, source) for h, matrix in enumerate(weights)]
+        panels.append((f"{name} mean", weights.mean(0), source, source))
+        panels += [None] * (columns - len(weights) - 1)  # the next cell on a new row
+    save_attention_grid(path, panels, columns=columns)

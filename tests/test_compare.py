@@ -785,6 +785,28 @@ def test_cells_that_differ_in_their_variant_alone_are_told_apart_in_the_figures(
                                              "dot (wide) mean"]
 
 
+def test_encoder_pictures_keep_one_row_per_cell_whatever_its_heads(tmp_path, monkeypatch):
+    """Cells of 1 and 2 heads: the grid had 3 columns (2 heads and the mean), and the 2-head
+    cell's first panel went on the 1-head cell's row, beside its mean."""
+    from nmt import study_figures
+    from nmt.compare import Cell
+
+    grids = []
+    monkeypatch.setattr(study_figures, "save_attention_grid",
+                        lambda path, panels, columns: grids.append((panels, columns)))
+    eye = [[1.0, 0.0], [0.0, 1.0]]
+    records = {Cell("main", "transformer", "dot", variant, 1): {"pictures": [{
+        "line": 0, "source": ["a", "b"], "target": ["x"], "cross": [[0.5, 0.5]],
+        "encoder": [eye] * heads}]} for variant, heads in (("h1", 1), ("h2", 2))}
+    study_figures.draw_encoder(records, 0, tmp_path / "encoder.png")
+    (panels, columns), = grids
+    rows = [[p[0] if p else None for p in panels[i:i + columns]]
+            for i in range(0, len(panels), columns)]
+    assert rows[:2] == [["dot (h1) head 0", "dot (h1) mean", None],
+                        ["dot (h2) head 0", "dot (h2) head 1", "dot (h2) mean"]]
+    assert all(title is None for row in rows[2:] for title in row)
+
+
 def test_a_record_stopped_between_its_two_files_leaves_the_cell_undone(tmp_path, monkeypatch):
     """Recording a cell again wrote its new translations, then its record: stopped between
     the two, the cell stood done with the earlier record's scores beside other translations."""
