@@ -220,7 +220,8 @@ def scored_as_asked(record: dict, cfg: CompareConfig) -> bool:
 
 def pictured_as_asked(record: dict, cfg: CompareConfig) -> bool:
     """Whether a cell's record holds the pictures of the plot_sentences ``cfg`` asks now (its
-    scores do not depend on them: the tables keep it; a study that trains decodes it anew)."""
+    scores do not depend on them: the tables keep it; a study decodes it anew where its run
+    is here, and keeps it where not: training it again would replace its scores)."""
     lines = [i for i in cfg.plot_sentences if i < record["scores"]["sentences"]]
     return [picture.get("line") for picture in record["pictures"]] == lines
 
@@ -379,12 +380,17 @@ def planned_jobs(cfg: CompareConfig, preset: str, out: Path, runs: Path, extra: 
         key, resolved = cell_key(config_file, overrides)
         record_dir = out / "cells" / cell.name
         record = read_record(record_dir)
-        if record is not None and record["key"] == key \
-                and scored_as_asked(record, cfg) and pictured_as_asked(record, cfg):
-            lines.append(f"{cell.name}: recorded already, reused")
-            continue
         run_dir = runs / f"{cell.name}-{key}"
-        if not (train or (run_dir / "train_stats.json").is_file()):
+        trained = (run_dir / "train_stats.json").is_file()
+        if record is not None and record["key"] == key and scored_as_asked(record, cfg):
+            if pictured_as_asked(record, cfg):
+                lines.append(f"{cell.name}: recorded already, reused")
+                continue
+            if not trained:  # training it again for its pictures would replace its scores too
+                lines.append(f"{cell.name}: recorded already, reused, with its pictures of other "
+                             f"test lines: its run, which would draw them, is not in {runs}")
+                continue
+        if not (train or trained):
             continue
         trial = trial_options(cfg, preset, cell, key, extra)
         if record is not None and record["key"] != key:

@@ -785,6 +785,27 @@ def test_cells_that_differ_in_their_variant_alone_are_told_apart_in_the_figures(
                                              "dot (wide) mean"]
 
 
+def test_a_record_whose_pictures_alone_differ_is_not_trained_again_without_its_run(
+        study, tmp_path, capsys):
+    """plot_sentences changed where the cells' runs are not (a clone of the committed study):
+    compare trained every cell again (hours for the study preset) to draw the new pictures,
+    and replaced each record's scores with the new training's."""
+    _, out, _, folder = study
+    config = yaml.safe_load((folder / "compare.yaml").read_text())
+    changed = tmp_path / "compare.yaml"
+    changed.write_text(yaml.safe_dump({**config, "plot_sentences": [0]}))
+    shutil.copytree(out / "a" / "cells", tmp_path / "a" / "cells")
+    records = {path: path.read_text() for path in (tmp_path / "a").glob("cells/*/record.json")}
+    capsys.readouterr()
+    assert main(["compare", "--config", str(changed), "--preset", "a", "--out",
+                 str(tmp_path / "a"), "--runs", str(tmp_path / "runs")]) == 0
+    log = capsys.readouterr().out
+    assert ": training (" not in log and not (tmp_path / "runs").exists()
+    assert "rnn_dot_seed2: recorded already, reused, with its pictures of other test lines" in log
+    assert {path: path.read_text() for path in records} == records
+    assert (tmp_path / "a" / "compare.md").is_file()
+
+
 def test_encoder_pictures_keep_one_row_per_cell_whatever_its_heads(tmp_path, monkeypatch):
     """Cells of 1 and 2 heads: the grid had 3 columns (2 heads and the mean), and the 2-head
     cell's first panel went on the 1-head cell's row, beside its mean."""
