@@ -241,9 +241,14 @@ SCORERS: dict[str, type[Scorer]] = {
 }
 
 
-def build_scorer(name: str, query_dim: int, key_dim: int, hidden_dim: int) -> Scorer:
+def check_scorer(name: str) -> None:
+    """A one-line error naming the valid scorers where ``name`` is none of them."""
     if name not in SCORERS:
         raise NMTError(f"unknown attention '{name}'; choose one of: {', '.join(SCORERS)}")
+
+
+def build_scorer(name: str, query_dim: int, key_dim: int, hidden_dim: int) -> Scorer:
+    check_scorer(name)
     return SCORERS[name](query_dim, key_dim, hidden_dim)
 
 

@@ -104,6 +104,8 @@ def load_compare_config(path: str | None) -> CompareConfig:
 
 def preset_of(cfg: CompareConfig, preset: str) -> PresetConfig:
     """The named preset, after checking that its families and baselines exist."""
+    from nmt.attention import check_scorer  # torch: not before a --jobs worker sets its threads
+
     if not cfg.presets:
         raise NMTError("the compare config defines no presets (presets: {NAME: {groups: ...}}, "
                        "as configs/compare.yaml)")
@@ -128,6 +130,10 @@ def preset_of(cfg: CompareConfig, preset: str) -> PresetConfig:
             if family not in cfg.families or family not in cfg.baselines:
                 raise NMTError(f"preset {preset}: family '{family}' needs an entry in "
                                "families and in baselines")
+            try:  # a misspelt baseline matched no cell: every p-value of the family left blank
+                check_scorer(cfg.baselines[family])
+            except NMTError as err:
+                raise NMTError(f"baselines: {family}: {err}") from None
     return chosen
 
 

@@ -1065,3 +1065,19 @@ def test_compare_stopped_by_sigterm_ends_the_cell_it_trains(tmp_path, jobs):
     for pid in left:
         os.kill(pid, 9)
     assert trainings() and not left, "the cell's training went on after compare was stopped"
+
+
+def test_a_misspelt_baseline_is_a_one_line_error_before_anything_trains(tmp_path, capsys):
+    """A baseline naming no scorer matched no cell: the family's cells trained, and its table
+    left every p-value blank ("- / -") without a word on why."""
+    config = {"families": {"rnn": str(REPO / "configs/rnn_bahdanau.yaml")},
+              "baselines": {"rnn": "additve"},
+              "presets": {"p": {"groups": {"main": {"attentions": {"rnn": ["additive", "dot"]}}}}}}
+    (tmp_path / "compare.yaml").write_text(yaml.safe_dump(config))
+    for only in (["--tables-only"], []):  # the first fails fast where the check is missing
+        assert main(["compare", "--config", str(tmp_path / "compare.yaml"), "--preset", "p",
+                     "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"),
+                     *only]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: baselines: rnn: unknown attention 'additve'; choose one of: ")
+        assert len(err.splitlines()) == 1 and not (tmp_path / "runs").exists()
