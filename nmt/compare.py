@@ -32,8 +32,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.config import ADDED_SINCE, load_config, overrides_layer, read_yaml, to_dict
-from nmt.errors import CELL_PARENT, NMTError, end_with_parent
+from nmt.errors import NMTError
 from nmt.memory import usable_cpus
+from nmt.processes import CELL_PARENT, die_with_parent
 
 
 @dataclass
@@ -268,7 +269,7 @@ def _start_worker(threads: int, parent: int) -> None:
     training it runs (``_in_worker``): stopped by SIGTERM, compare ended alone and its workers
     trained and recorded on."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    end_with_parent(signal.SIGTERM, parent)
+    die_with_parent(parent, signal.SIGTERM)
 
 
 class _WorkerEnded(BaseException):

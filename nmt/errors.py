@@ -3,10 +3,7 @@ end a command."""
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -48,18 +45,3 @@ def stopped_cleanly() -> Iterator[None]:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)  # for a caller in the same process
-
-
-CELL_PARENT = "NMT_COMPARE_PID"  # set by nmt compare for a cell's training: the pid it ends with
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
-
-
-def end_with_parent(signum: int, parent: int) -> None:
-    """Linux: ``signum`` to this process when its parent, pid ``parent``, ends (however: a
-    SIGTERM's default action, SIGKILL); elsewhere nothing. A parent already gone (it ended
-    before this call, so no signal will come) sends it now."""
-    if not sys.platform.startswith("linux"):
-        return
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signum)
-    if os.getppid() != parent:
-        os.kill(os.getpid(), signum)

@@ -11,6 +11,7 @@ import io
 import json
 import lzma
 import os
+import pickle
 import random
 import re
 import shutil
@@ -1192,6 +1193,63 @@ def test_ctrl_c_stops_sentencepiece_training_at_once(tmp_path):
     assert not any(Path(f"/proc/{pid}").exists() for pid in children)  # no trainer left
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie waiting to be reaped (an
+    orphan's new parent, a container's first process, may never reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's prctl")
+def test_sentencepiece_training_dies_with_its_parent(tmp_path):
+    """SentencePiece trains in a child process; its parent killed (SIGKILL: the OOM killer,
+    kill -9), which no handler sees, left it training on, orphaned, for seconds to minutes,
+    writing its model into a folder no one would read. It now dies with its parent. The text
+    takes SentencePiece seconds to learn (7 s on 2 busy cores)."""
+    code = f"""if True:
+        import random
+        from pathlib import Path
+        from nmt.data.tokenizer import train_tokenizer
+        rng = random.Random(0)
+        words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 12)))
+                 for _ in range(50_000)]
+        texts = [" ".join(rng.choices(words, k=12)) for _ in range(100_000)]
+        train_tokenizer(texts, Path({str(tmp_path / "spm.model")!r}), 8000)"""
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 60
+    while not (children := _children(parent.pid)):
+        assert parent.poll() is None and time.monotonic() < deadline, "no SentencePiece child"
+        time.sleep(0.02)
+    time.sleep(0.5)  # into its training
+    parent.kill()
+    parent.wait()
+    try:
+        deadline = time.monotonic() + 1
+        while _running(children[0]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _running(children[0]), "SentencePiece trained on after its parent was killed"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(children[0], signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's prctl")
+def test_sentencepiece_child_whose_parent_ended_before_it_started_ends(tmp_path):
+    """The parent may end before its child has asked to die with it (the request is then
+    never answered): the child, seeing another parent, ends at once, training nothing."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process that has ended, as the parent it was started by
+    work = pickle.dumps((["a few words", "and a few more"], str(tmp_path / "spm"), 12))
+    child = subprocess.run([sys.executable, "-c", "from nmt.data.tokenizer import train_child; "
+                            f"train_child({gone.pid})"], input=work, capture_output=True,
+                           timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_encoding_threads_are_the_cpus_this_process_may_run_on(tmp_path, monkeypatch):
     """A job given 1 of a machine's 64 cores (taskset, Slurm, a container's cpuset) encoded its
     corpus with 64 threads on that core: os.cpu_count() counts the machine's."""
@@ -1245,7 +1303,7 @@ def test_sentencepiece_child_imports_nmt_from_the_parents_path(tmp_path, monkeyp
     tokenizer.parent.mkdir(parents=True)
     for package in (tokenizer.parent, tokenizer.parent.parent):
         (package / "__init__.py").write_text("")
-    tokenizer.write_text("import sys\ndef train_child():\n    sys.exit('the nmt first on the path')\n")
+    tokenizer.write_text("import sys\ndef train_child(parent):\n    sys.exit('the nmt first on the path')\n")
     monkeypatch.syspath_prepend(str(tmp_path / "other"))  # nmt itself is imported already
     with pytest.raises(NMTError, match="SentencePiece training failed: the nmt first on the path"):
         train_tokenizer(["a few words", "and a few more"], tmp_path / "spm.model", 12)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 from pathlib import Path
 
 from nmt.cli.options import (
@@ -13,7 +12,7 @@ from nmt.cli.options import (
     path_option,
     positive_int,
 )
-from nmt.errors import CELL_PARENT, end_with_parent
+from nmt.processes import CELL_PARENT, die_with_parent
 
 
 def add_train(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +23,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     train.set_defaults(run_command=cmd_train, takes_overrides=True, own_signals=True)
     train.add_argument("--config", type=path_option, help="YAML config, e.g. configs/transformer.yaml")
     add_train_flags(train, tuple(TRAIN_FLAGS))
+
 
 def die_with_launcher() -> None:
     """A process a launcher started for one of a run's ranks (it sets LOCAL_RANK: Lightning's
@@ -36,9 +36,9 @@ def die_with_launcher() -> None:
     holding its run's lock. Linux's prctl, called first, before the imports; elsewhere nothing."""
     compare = os.environ.pop(CELL_PARENT, None)  # not for the processes training starts
     if compare is not None:
-        end_with_parent(signal.SIGKILL, int(compare))
+        die_with_parent(int(compare))
     elif "LOCAL_RANK" in os.environ:
-        end_with_parent(signal.SIGKILL, os.getppid())
+        die_with_parent()
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from nmt.errors import NMTError, first_line
+from nmt.processes import die_with_parent
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 EOS_PIECE = "</s>"  # EOS as the pictures and the API show it
@@ -86,7 +87,7 @@ def _train_apart(texts: list[str], prefix: str, vocab_size: int) -> None:
     # The child imports this module where the parent did: a script that put a checkout on its
     # sys.path would otherwise get another nmt, or none
     command = [sys.executable, "-c", "import sys; sys.path[:] = sys.argv[1:]; "
-               "from nmt.data.tokenizer import train_child; train_child()", *sys.path]
+               f"from nmt.data.tokenizer import train_child; train_child({os.getpid()})", *sys.path]
     with subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE) as child:
         try:
             _, err = child.communicate(pickle.dumps((texts, prefix, vocab_size)))
@@ -100,10 +101,13 @@ def _train_apart(texts: list[str], prefix: str, vocab_size: int) -> None:
                        + (said[-1] if said else f"exit status {child.returncode}"))
 
 
-def train_child() -> None:
-    """The child ``_train_apart`` starts: trains on the (texts, prefix, vocab size) pickled on
-    its stdin; SentencePiece's error is its last line on stderr. Interrupts are its parent's
-    to act on (a Ctrl-C reaches the whole process group), which kills it."""
+def train_child(parent: int) -> None:
+    """The child ``_train_apart`` starts from process ``parent``: trains on the (texts, prefix,
+    vocab size) pickled on its stdin; SentencePiece's error is its last line on stderr.
+    Interrupts are its parent's to act on (a Ctrl-C reaches the whole process group), which
+    kills it; and it dies with its parent: killed (the OOM killer, ``kill -9``), which then
+    had no say, the parent left it training on, orphaned, for as long as its training took."""
+    die_with_parent(parent)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     texts, prefix, vocab_size = pickle.load(sys.stdin.buffer)
