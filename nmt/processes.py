@@ -1,4 +1,4 @@
-"""The processes a command starts: how they end with it."""
+"""The processes a command starts: how they end with it, and how their end is told."""
 
 from __future__ import annotations
 
@@ -25,3 +25,12 @@ def die_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> 
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signum)
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), signum)  # as the armed signal would have
+
+
+def how_it_ended(exitcode: int) -> str:
+    """A process's end in words, from its exit code (-N: killed by signal N, as
+    ``subprocess`` and ``multiprocessing`` give it)."""
+    if exitcode >= 0:
+        return f"exit status {exitcode}"
+    name = signal.Signals(-exitcode).name
+    return f"killed by {name}" + (": out of memory?" if name == "SIGKILL" else "")  # OOM killer's

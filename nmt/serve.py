@@ -47,6 +47,7 @@ from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError, stopped_cleanly
 from nmt.files import is_export
 from nmt.models import build_model, scorer_of
+from nmt.processes import how_it_ended
 from nmt.translator import check_ensemble, check_run_weights, decoding_options, source_limit
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
@@ -476,11 +477,3 @@ def worker_death(server: object) -> str | None:
     ended = [worker.exitcode for worker in getattr(server, "inference_workers", [])
              if worker.exitcode and worker.exitcode != -signal.SIGTERM]
     return how_it_ended(ended[0]) if ended else None
-
-
-def how_it_ended(exitcode: int) -> str:
-    """A worker process's end in words, from its ``exitcode`` (-N: killed by signal N)."""
-    if exitcode >= 0:
-        return f"exit status {exitcode}"
-    name = signal.Signals(-exitcode).name
-    return f"killed by {name}" + (": out of memory?" if name == "SIGKILL" else "")  # OOM killer's

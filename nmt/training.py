@@ -48,6 +48,7 @@ from nmt.loss import smoothed_cross_entropy
 from nmt.memory import peak_memory_mb
 from nmt.metrics import bleu_from_statistics, bleu_statistics
 from nmt.models import build_model, check_model_config, model_option
+from nmt.processes import how_it_ended
 from nmt.provenance import code_commit, device_name
 from nmt.resume import (
     budget_ended,
@@ -582,7 +583,8 @@ def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDa
     SIGTERM (a scheduler's pre-emption, ``kill``) or SIGHUP (``StopOnSignals``) with a bare
     SystemExit, i.e. exit status 0 as if it had finished, and one stopped by Ctrl-C with exit
     status 1. Under DDP the first process alone says so, once, and stops the processes it
-    started (``stop_workers``)."""
+    started (``stop_workers``); and where one of those ended (``ended_worker``), it says
+    which, in one line, in place of the traceback of the collective that failed as it left."""
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     except SIGTERMException:  # SIGTERM or SIGHUP (StopOnSignals), wherever the process was
@@ -596,14 +598,48 @@ def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDa
         if not trainer.interrupted:
             raise
         raise KeyboardInterrupt from None  # the command line's "interrupted", exit status 130
+    except RuntimeError:  # a collective whose peer ended (gloo: "Connection closed by peer")
+        if (ended := ended_worker(trainer)) is None:
+            raise
+        stop_workers(trainer)
+        rank, exitcode = ended
+        said = " without a word" if exitcode < 0 else ""  # killed; else its error is above
+        raise NMTError(f"a training process (rank {rank}) ended{said} ({how_it_ended(exitcode)}): "
+                       "the same command resumes the run from its last checkpoint") from None
+
+
+def ended_worker(trainer: L.Trainer, wait: float = 1.0) -> tuple[int, int] | None:
+    """The global rank and exit code of a process Lightning's DDP launcher started (this
+    process, where it is that launcher) that has ended; None where none has. A process that
+    ends fails its peers' collectives as its sockets close, a moment before it is gone: it is
+    waited for up to ``wait`` seconds. A worker SIGKILLed (the OOM killer) ended the run with
+    a traceback of ~40 lines from gloo, "Connection closed by peer", which said nothing of it."""
+    workers = getattr(trainer.strategy.launcher, "procs", [])
+    deadline = time.monotonic() + wait
+    while workers:
+        for local_rank, worker in enumerate(workers, start=1):  # the launcher's is 0
+            if worker.poll() is not None:
+                return trainer.global_rank + local_rank, worker.returncode
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    return None
 
 
 def stop_workers(trainer: L.Trainer) -> None:
     """Kill the processes Lightning's DDP launcher started (none elsewhere), as Lightning does
     after Ctrl-C: one that got no signal waits for this one in a collective, and would
-    otherwise fail there when it leaves, with a traceback."""
-    if trainer.strategy.launcher is not None:
-        trainer.strategy.launcher.kill(signal.SIGKILL)
+    otherwise fail there when it leaves, with a traceback. Lightning's observer of them, a
+    thread that looks at the launcher's list of them every 5 s, SIGKILLs this process too on
+    seeing one that ended with an error, before it could say why the run stopped: the list
+    is emptied once they have ended, and the observer, seeing none, ends instead."""
+    launcher = trainer.strategy.launcher
+    if launcher is not None:
+        launcher.kill(signal.SIGKILL)
+        workers = getattr(launcher, "procs", [])
+        for worker in workers:
+            worker.wait()
+        workers.clear()
 
 
 def print_effective_batch(config: Config, trainer: L.Trainer) -> None:

@@ -37,7 +37,7 @@ from nmt.data.prepare import check_prepared_text, load_side, prepare, sample_pai
 from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
 from nmt.errors import NMTError
 
-from .conftest import MULTI30K, REPO, tiny_train_args, write_corpus
+from .conftest import MULTI30K, REPO, child_processes, tiny_train_args, write_corpus
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="data/multi30k not linked")
@@ -1139,16 +1139,6 @@ def test_sentencepiece_refusing_a_corpus_is_one_line_and_leaves_nothing(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-def _children(pid: int) -> list[int]:
-    """The ids of a process' children (Linux's /proc)."""
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        with contextlib.suppress(OSError):  # a process gone meanwhile
-            if f"\nPPid:\t{pid}\n" in status.read_text():
-                found.append(int(status.parent.name))
-    return found
-
-
 def test_ctrl_c_stops_sentencepiece_training_at_once(tmp_path):
     """Ctrl-C while SentencePiece trained waited for it to end (31 s on a sample of 200,000
     pairs): its C++ returns to Python, where a signal's handler runs, only then. It trains
@@ -1174,7 +1164,7 @@ def test_ctrl_c_stops_sentencepiece_training_at_once(tmp_path):
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
         time.sleep(0.05)
     time.sleep(0.5)
-    children = _children(process.pid)
+    children = child_processes(process.pid)
     threading.Timer(120, process.kill).start()  # a hung command fails the test, not the suite
     process.send_signal(signal.SIGINT)
     sent = time.monotonic()
@@ -1220,7 +1210,7 @@ def test_sentencepiece_training_dies_with_its_parent(tmp_path):
         train_tokenizer(texts, Path({str(tmp_path / "spm.model")!r}), 8000)"""
     parent = subprocess.Popen([sys.executable, "-c", code])
     deadline = time.monotonic() + 60
-    while not (children := _children(parent.pid)):
+    while not (children := child_processes(parent.pid)):
         assert parent.poll() is None and time.monotonic() < deadline, "no SentencePiece child"
         time.sleep(0.02)
     time.sleep(0.5)  # into its training

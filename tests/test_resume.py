@@ -27,7 +27,7 @@ from nmt.errors import NMTError
 from nmt.provenance import code_commit
 from nmt.resume import check_resumable
 
-from .conftest import REPO, tiny_train_args, write_corpus
+from .conftest import REPO, child_processes, tiny_train_args, write_corpus
 
 DROPOUT = ["model.dropout=0.3"]  # dropout draws must line up too
 
@@ -168,14 +168,15 @@ def test_time_budget_then_continue(corpus, straight, tmp_path, monkeypatch):
 
 
 SLOW_MAIN = """
-import signal, sys, time
+import os, signal, sys, time
 # Ctrl-C as in a terminal, also where the suite runs in the background (SIGINT ignored there)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # and SIGHUP, also under nohup
 from nmt.training import TranslationModule
 step = TranslationModule.training_step
 def slow_step(self, batch, batch_idx):
-    time.sleep(0.5)
+    if str(self.global_rank) in os.environ.get("SLOW_RANKS", str(self.global_rank)):
+        time.sleep(0.5)
     return step(self, batch, batch_idx)
 TranslationModule.training_step = slow_step
 from nmt.cli import main
@@ -248,18 +249,20 @@ def test_a_run_stopped_by_a_signal_says_so_and_fails(corpus, tmp_path, signal_nu
 DDP = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "trainer.val_check_interval=2"]
 
 
-def start_ddp_run(corpus, tmp_path) -> tuple[subprocess.Popen, Path]:
-    """A run of two DDP processes with slowed steps, in a process group of its own (as a
-    terminal's job or a scheduler's), once its first checkpoint is written. The launcher runs
-    the same script again for the second process, so it is a file, not ``-c``."""
+def start_ddp_run(corpus, tmp_path, slow_ranks: str = "01") -> tuple[subprocess.Popen, Path]:
+    """A run of two DDP processes with slowed steps (of the ranks in ``slow_ranks``), in a
+    process group of its own (as a terminal's job or a scheduler's), once its first
+    checkpoint is written. The launcher runs the same script again for the second process,
+    so it is a file, not ``-c``."""
     script = tmp_path / "slow_main.py"
     script.write_text(SLOW_MAIN)
     folder, files = corpus
     run_dir = tmp_path / "run"
     command = tiny_train_args(files, run_dir, folder / "data", epochs=5) + DDP
     process = subprocess.Popen([sys.executable, str(script), *command], cwd=REPO,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               env={**os.environ, "OMP_NUM_THREADS": "1", "SLOW_RANKS": slow_ranks},
+                               start_new_session=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not (run_dir / "last.ckpt").exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.02)
@@ -288,6 +291,25 @@ def test_sigterm_stops_every_ddp_process_at_once_with_one_line(corpus, tmp_path,
     assert err.splitlines()[-1] == ("error: stopped by SIGTERM: the same command resumes the run "
                                     "from its last checkpoint")
     assert err.count("stopped by SIGTERM") == 1 and "Traceback" not in err, err[-2000:]
+    assert (run_dir / "last.ckpt").is_file() and not (run_dir / "train_stats.json").exists()
+
+
+def test_a_killed_ddp_worker_ends_the_run_with_one_line(corpus, tmp_path):
+    """A DDP worker killed mid-training (SIGKILL: the OOM killer) ended the run with ~40 lines
+    of gloo's traceback ("Connection closed by peer"), which named neither the process nor
+    what ended it. The first process now says so in one line, and the run resumes. The first
+    process waits for the slowed second in each step's collective, which fails at once as the
+    second ends: Lightning's observer of the processes, which kills the first without a word
+    where it looks (every 5 s) before, has no time to."""
+    process, run_dir = start_ddp_run(corpus, tmp_path, slow_ranks="1")
+    [worker] = child_processes(process.pid)  # Lightning's launcher runs rank 1 as its child
+    os.kill(worker, signal.SIGKILL)
+    err = ended_within(process, 15)
+    assert process.returncode == 1, err[-2000:]
+    assert err.splitlines()[-1] == ("error: a training process (rank 1) ended without a word "
+                                    "(killed by SIGKILL: out of memory?): the same command "
+                                    "resumes the run from its last checkpoint")
+    assert "Traceback" not in err and "by peer" not in err, err[-2000:]
     assert (run_dir / "last.ckpt").is_file() and not (run_dir / "train_stats.json").exists()
 
 
