@@ -24,13 +24,15 @@ rejected request travels through the batch as a ``Rejected`` and only its own an
 
 import json
 import math
+import multiprocessing
 import os
 import signal
 import socket
+import threading
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import litserve
 import torch
@@ -451,22 +453,107 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
 def run_server(server: litserve.LitServer, host: str, port: int) -> None:
     """LitServe's ``run``, its failures as one-line errors. A stop (Ctrl-C, SIGTERM) while
     the workers load stops them and is raised on; once serving, LitServe handles it."""
-    try:
-        server.run(host=host, port=port, generate_client_file=False, log_level="warning")
-    except RuntimeError as err:  # LitServe's "workers failed to start": the log above says why
-        raise NMTError(f"the server could not start: {err}".splitlines()[0]) from None
-    except KeyboardInterrupt:  # SIGTERM or Ctrl-C while the workers load: LitServe stops them
-        # only once it serves, and Python's exit waited for them to load (seconds to minutes;
-        # a container's stop timed out), then their traceback at the queues it had shut down
-        for worker in getattr(server, "inference_workers", []):
-            worker.terminate()
-        raise
-    except (EOFError, OSError):  # at LitServe's queues, which it shut down as its worker died
-        death = worker_death(server)
-        if death is None:
+    with ProcessWatch(server) as watch:
+        try:
+            server.run(host=host, port=port, generate_client_file=False, log_level="warning")
+        except RuntimeError as err:  # LitServe's "workers failed to start": the log says why
+            raise NMTError(f"the server could not start: {err}".splitlines()[0]) from None
+        except KeyboardInterrupt:  # SIGTERM or Ctrl-C while the workers load: LitServe stops
+            # them only once it serves, and Python's exit waited for them to load (seconds to
+            # minutes; a container's stop timed out), then their traceback at the queues it
+            # had shut down
+            for worker in getattr(server, "inference_workers", []):
+                worker.terminate()
             raise
-        raise NMTError(f"the inference worker died ({death}), so the server stopped: start it "
-                       "again (in production, under a supervisor that restarts it)") from None
+        except (EOFError, OSError):  # at LitServe's queues, shut down as its worker died, or
+            # gone with the manager that held them
+            if (death := worker_death(server)) is not None:
+                died(f"the inference worker died ({death})")
+            if (death := watch.death()) is not None:
+                died(death)
+            raise
+    if watch.stopped is not None:  # the HTTP server's end, which stopped LitServe
+        died(watch.stopped)
+
+
+def died(death: str) -> NoReturn:
+    """The one-line error of a server stopped by the end of one of its processes."""
+    raise NMTError(f"{death}, so the server stopped: start it again (in production, under a "
+                   "supervisor that restarts it)") from None
+
+
+class ProcessWatch:
+    """LitServe's processes beside its inference workers (which it watches itself): its HTTP
+    server (uvicorn, forked) and its manager (the process that holds its queues). Killed (the
+    OOM killer), the HTTP server left ``nmt serve`` running, serving nothing (connections
+    waited in the socket's queue, unanswered), and the manager left a traceback (EOFError).
+    While LitServe runs, a thread looks at them every ``PERIOD`` seconds; where the HTTP
+    server has died (``death``) with no stop asked for (Ctrl-C or SIGTERM, which this watch's
+    handler notes) and no inference worker ended (LitServe's own shutdown), it stops LitServe
+    as Ctrl-C would, and says why (``stopped``). The manager's end LitServe's main thread
+    meets at once, at the queues (``run_server``). A process is known once seen running
+    (``multiprocessing.active_children``, which forgets those that have ended): one that ends
+    within ``PERIOD`` of its start may go unseen, as all did before."""
+
+    PERIOD = 0.1
+
+    def __init__(self, server: litserve.LitServer):
+        self.server = server
+        self.stopped: str | None = None  # the death that stopped LitServe, in words
+        self._asked = False  # a stop (Ctrl-C, SIGTERM) came
+        self._processes: list = []  # LitServe's processes other than its inference workers
+        self._done = threading.Event()
+        self._handlers: dict = {}
+
+    def __enter__(self) -> "ProcessWatch":
+        for sig in (signal.SIGINT, signal.SIGTERM):  # as Python's, noting the stop
+            if signal.getsignal(sig) is signal.default_int_handler:  # not ignored (nohup)
+                self._handlers[sig] = signal.signal(sig, self._interrupt)
+        threading.Thread(target=self._watch, daemon=True, name="nmt-process-watch").start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._done.set()
+        for sig, handler in self._handlers.items():
+            signal.signal(sig, handler)
+
+    def _interrupt(self, signum: int, frame: object) -> None:
+        self._asked = True
+        raise KeyboardInterrupt
+
+    def death(self) -> str | None:
+        """How one of the processes watched died, in words; None where none did."""
+        process = self._dead()
+        if process is None:
+            return None
+        what = "the HTTP server" if is_http_server(process) else "LitServe's manager"
+        return f"{what} process died ({how_it_ended(process.exitcode)})"
+
+    def _dead(self) -> multiprocessing.Process | None:
+        """One of the processes watched that died, if any. Ending at LitServe's SIGTERM, or
+        with status 0, is not dying: LitServe's shutdown for another cause ends them so."""
+        workers = getattr(self.server, "inference_workers", [])
+        self._processes += [process for process in multiprocessing.active_children()
+                            if process not in workers and process not in self._processes]
+        return next((process for process in self._processes
+                     if process.exitcode not in (None, 0, -signal.SIGTERM)), None)
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.PERIOD):
+            workers = getattr(self.server, "inference_workers", [])
+            if (process := self._dead()) is None or self._asked \
+                    or any(worker.exitcode is not None for worker in workers):
+                continue
+            if is_http_server(process) and signal.SIGTERM in self._handlers:
+                self.stopped = self.death()
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)  # as a stop
+            return
+
+
+def is_http_server(process: multiprocessing.Process) -> bool:
+    """Whether a process LitServe started is one of its HTTP servers (uvicorn), by the name
+    LitServe gives them, LitServer-N (its manager is SyncManager-N)."""
+    return process.name.startswith("LitServer")
 
 
 def worker_death(server: object) -> str | None:

@@ -25,7 +25,7 @@ import torch
 from nmt.cli import main
 from nmt.translator import Translator, find_checkpoint
 
-from .conftest import tiny_train_args, write_corpus
+from .conftest import child_processes, tiny_train_args, write_corpus
 
 START_SECONDS = 240  # a busy 2-core machine needs a while to start LitServe's worker
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -430,6 +430,58 @@ def test_a_server_whose_worker_dies_stops_in_one_line(runs, tmp_path):
     assert process.returncode == 1 and "Traceback" not in text, text[-2000:]
     assert text.splitlines()[-1] == ("error: the inference worker died (killed by SIGKILL: out of "
                                      "memory?), so the server stopped: start it again (in "
+                                     "production, under a supervisor that restarts it)")
+
+
+def litserve_forks(process) -> list[int]:
+    """The pids of the processes LitServe forks from server ``process``, in the order they
+    started: its manager (before the inference worker loads), then its HTTP server (Linux's
+    /proc)."""
+    def started(pid: int) -> int:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+    own = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+    forks = [pid for pid in child_processes(process.pid)
+             if Path(f"/proc/{pid}/cmdline").read_bytes() == own]
+    return sorted(forks, key=started)
+
+
+def kill_litserve_process(runs, tmp_path, which: int) -> tuple[int, str]:
+    """Serve, kill LitServe's manager (``which`` 0) or HTTP server (1) as the OOM killer
+    would, and return the command's exit status and its output once it has ended."""
+    _, paths, _ = runs
+    log = tmp_path / "serve.log"
+    process, _ = start_server(["--checkpoint", str(paths[0]), "--precision", "32-true",
+                               "--weights", "best.ckpt"], log)
+    try:
+        time.sleep(0.5)  # serving for a while: the watch knows a process once seen running
+        manager, http = litserve_forks(process)
+        os.kill((manager, http)[which], signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        stop_server(process)
+    return process.returncode, log.read_text()
+
+
+def test_a_server_whose_http_process_dies_stops_in_one_line(runs, tmp_path):
+    """LitServe's HTTP server process killed (the OOM killer's SIGKILL): LitServe watches its
+    inference workers alone, and nmt serve ran on, serving nothing (every connection waited,
+    unanswered). It now stops, in one line, with a status a supervisor acts on."""
+    code, text = kill_litserve_process(runs, tmp_path, which=1)
+    assert code == 1 and "Traceback" not in text, text[-2000:]
+    assert text.splitlines()[-1] == ("error: the HTTP server process died (killed by SIGKILL: out "
+                                     "of memory?), so the server stopped: start it again (in "
+                                     "production, under a supervisor that restarts it)")
+
+
+def test_a_server_whose_manager_dies_says_so_last(runs, tmp_path):
+    """LitServe's manager killed: the command's last word was the EOFError of its traceback
+    at the queues the manager held. It is now a line that says which process died (the
+    inference worker, reading those queues too, still prints its own traceback above it)."""
+    code, text = kill_litserve_process(runs, tmp_path, which=0)
+    assert code == 1, text[-2000:]
+    assert text.splitlines()[-1] == ("error: LitServe's manager process died (killed by SIGKILL: "
+                                     "out of memory?), so the server stopped: start it again (in "
                                      "production, under a supervisor that restarts it)")
 
 
