@@ -4,8 +4,10 @@ end a command."""
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 
 class NMTError(Exception):
@@ -25,6 +27,28 @@ class Stopped(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+def raise_stopped(signum: int, frame: object) -> NoReturn:
+    """The handler that makes a signal ``Stopped`` (``nmt.cli.sigterm_as_interrupt``)."""
+    raise Stopped(signum)
+
+
+@contextmanager
+def stop_signals_by_default() -> Iterator[None]:
+    """The signals that ``raise_stopped`` takes back to their default while the block runs:
+    code that sets its own handlers (Lightning's, for a stop at the next batch) or blocks in
+    C++ (DDP's rendezvous, where a Python handler waits for it to return: up to its
+    30-minute timeout) stops there as it did before the command took them."""
+    taken = [sig for sig in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) is raise_stopped
+             and threading.current_thread() is threading.main_thread()]  # where Python sets them
+    for sig in taken:
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        for sig in taken:
+            signal.signal(sig, raise_stopped)
 
 
 def first_line(err: BaseException) -> str:

@@ -42,7 +42,7 @@ from nmt.data.module import (
 )
 from nmt.data.prepare import check_prepared_text
 from nmt.data.tokenizer import PAD, Tokenizer
-from nmt.errors import NMTError
+from nmt.errors import NMTError, stop_signals_by_default
 from nmt.files import write_atomic
 from nmt.loss import smoothed_cross_entropy
 from nmt.memory import peak_memory_mb
@@ -586,7 +586,8 @@ def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDa
     started (``stop_workers``); and where one of those ended (``ended_worker``), it says
     which, in one line, in place of the traceback of the collective that failed as it left."""
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+        with stop_signals_by_default():  # Lightning's and StopOnSignals' from here
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     except SIGTERMException:  # SIGTERM or SIGHUP (StopOnSignals), wherever the process was
         if not trainer.is_global_zero:
             raise SystemExit(1) from None

@@ -294,6 +294,33 @@ def test_sigterm_stops_every_ddp_process_at_once_with_one_line(corpus, tmp_path,
     assert (run_dir / "last.ckpt").is_file() and not (run_dir / "train_stats.json").exists()
 
 
+def test_sigterm_before_a_ddp_run_trains_stops_it_in_one_line(corpus, tmp_path):
+    """SIGTERM to a DDP run before it trained (preparing its corpus: seconds to minutes for a
+    large one) killed it without a word (exit status 143) and left the corpus half prepared;
+    as once it trains, it now stops with one line, and what was half built is removed."""
+    _, files = corpus
+    argv = tiny_train_args(files, tmp_path / "run", tmp_path / "data") + DDP
+    code = f"""if True:
+        import os, signal, sys
+        from nmt.data import prepare
+
+        def stopped_half_way(texts, path, vocab_size):
+            path.write_bytes(b"half")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        prepare.train_tokenizer = stopped_half_way
+        from nmt.cli import main
+        sys.exit(main({argv!r}))"""
+    process = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                             text=True, timeout=300,
+                             preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    assert process.returncode == 128 + signal.SIGTERM, process.stderr[-2000:]
+    assert process.stderr.endswith("\nstopped by SIGTERM\n"), process.stderr[-2000:]
+    assert "Traceback" not in process.stderr
+    assert list((tmp_path / "data" / "prepared").iterdir()) == []
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_killed_ddp_worker_ends_the_run_with_one_line(corpus, tmp_path):
     """A DDP worker killed mid-training (SIGKILL: the OOM killer) ended the run with ~40 lines
     of gloo's traceback ("Connection closed by peer"), which named neither the process nor

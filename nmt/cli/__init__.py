@@ -24,7 +24,7 @@ from nmt.cli.bench import add_bench
 from nmt.cli.decoding import add_average, add_decoding, add_export, add_serve
 from nmt.cli.options import HelpFormatter, dotted_overrides, named_overrides
 from nmt.cli.training import add_compare, add_prepare, add_train
-from nmt.errors import NMTError, Stopped, UsageError
+from nmt.errors import NMTError, Stopped, UsageError, raise_stopped
 
 
 class Parser(argparse.ArgumentParser):
@@ -71,11 +71,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
     signals' default left it for good. A signal the process ignores (``nohup``) stays
     ignored. Off the main thread (``main`` called from another), where Python takes no
     handler, the signals keep theirs: a ValueError stopped every such command."""
-    def stop(signum: int, frame: object) -> None:
-        raise Stopped(signum)
-
     settable = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)
                 if settable  # Python sets handlers in the main thread alone
                 and signal.getsignal(sig) is not signal.SIG_IGN}  # nohup's: outlive the terminal
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 from nmt.cli.options import (
@@ -45,11 +46,17 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     die_with_launcher()
     from lightning.pytorch.utilities import rank_zero_only
 
+    from nmt.cli import sigterm_as_interrupt
     from nmt.config import load_config
     from nmt.training import train
 
     config = load_config(args.config, overrides)
-    run_dir = train(config)
+    # SIGTERM and SIGHUP stop the command in one line, as Ctrl-C, until training starts
+    # (``nmt.training.fit`` hands them to Lightning): they killed it without a word (exit
+    # status 143), and a corpus half prepared was left behind. Not in a process a launcher
+    # started, which ends with it: the first process says it, once.
+    with nullcontext() if "LOCAL_RANK" in os.environ else sigterm_as_interrupt():
+        run_dir = train(config)
     if rank_zero_only.rank == 0:  # once, not by every DDP process
         print(f"run directory: {run_dir}")
 
