@@ -317,7 +317,6 @@ def test_bench_data_refuses_what_training_refuses(tmp_path, capfd, option, messa
     assert message in err.splitlines()[-1] and "Traceback" not in err, err
 
 
-
 def test_bench_data_leaves_no_prepared_folder_behind(tmp_path, capsys):
     """Each run writes its corpus anew, to be prepared again as measured: the prepared folder
     of every earlier run was left under --dir, hundreds of MB each for a large corpus."""

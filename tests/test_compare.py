@@ -423,7 +423,6 @@ def test_cells_train_in_parallel_into_their_own_records(study, capsys):
     assert read_rows(out / "b")[("main", "rnn", "additive", "base")]["seeds"] == 3
 
 
-
 def test_tables_rebuild_from_records_alone(study, capsys):
     run, out, _, folder = study
     before = read_rows(out / "a")
@@ -856,6 +855,7 @@ def test_a_record_stopped_between_its_two_files_leaves_the_cell_undone(tmp_path,
                                record_dir)
     assert (record_dir / study_cell.HYPOTHESES).is_file()
     assert not (record_dir / study_cell.RECORD).exists()  # not done: compare records it again
+
 
 @pytest.mark.parametrize("preset,message", [
     ({"overrides": {"tranformer": ["model.d_model=128"]},

@@ -25,6 +25,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     for add_bench_command in (add_bench_train, add_bench_decode, add_bench_data, add_bench_attention):
         add_bench_command(what)
 
+
 def add_bench_train(what: argparse._SubParsersAction) -> None:
     bench_train = what.add_parser("train", help="training tokens/s, FLOPs and utilisation",
                                   epilog="Any config key: --section.key VALUE.")
@@ -35,6 +36,7 @@ def add_bench_train(what: argparse._SubParsersAction) -> None:
     bench_train.add_argument("--warmup", type=whole_number, default=5, help="untimed steps first")
     add_train_flags(bench_train, ("train_lines", "src_lang", "tgt_lang", "seed", "attention"))
 
+
 def cmd_bench_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from nmt.bench import bench_train
     from nmt.config import load_config
@@ -42,6 +44,7 @@ def cmd_bench_train(args: argparse.Namespace, overrides: list[str]) -> None:
     summary = bench_train(load_config(args.config, overrides), args.steps, args.warmup)
     print_summary(summary)
     print(json.dumps(summary))
+
 
 def add_bench_decode(what: argparse._SubParsersAction) -> None:
     bench_decode = what.add_parser("decode", help="greedy and beam search speed on a split")
@@ -64,6 +67,7 @@ def add_bench_decode(what: argparse._SubParsersAction) -> None:
                               help="leave out the greedy_recompute row (the whole decoder over the "
                               "prefix at every step: the slowest row, and most of the memory)")
 
+
 def cmd_bench_decode(args: argparse.Namespace) -> None:
     from nmt.bench import bench_decode
 
@@ -79,6 +83,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> None:
     print_table(summary["rows"])
     print(json.dumps(summary))
 
+
 def add_bench_data(what: argparse._SubParsersAction) -> None:
     bench_data = what.add_parser("data", help="prepare and training start-up on a synthetic "
                                  "corpus of N pairs", epilog="Config keys: --section.key VALUE.")
@@ -91,12 +96,14 @@ def add_bench_data(what: argparse._SubParsersAction) -> None:
     bench_data.add_argument("--dir", type=path_option, default="results/bench_data",
                             help="where the corpus and its prepared folder go")
 
+
 def cmd_bench_data(args: argparse.Namespace, overrides: list[str]) -> None:
     from nmt.bench_data import bench_data
 
     summary = bench_data(args.pairs, args.config, Path(args.dir), args.steps, args.join, overrides)
     print_summary(summary)
     print(json.dumps(summary))
+
 
 def add_bench_attention(what: argparse._SubParsersAction) -> None:
     bench_attention = what.add_parser("attention", help="each scorer's cost as length grows")
@@ -112,6 +119,7 @@ def add_bench_attention(what: argparse._SubParsersAction) -> None:
                                  "process holds at its start (its data segment, Linux; not the "
                                  "peak RSS of peak_mb); a point that needs more ends its "
                                  "scorer's rows, not the machine's memory")
+
 
 def cmd_bench_attention(args: argparse.Namespace) -> None:
     # The bench times lengths 16, 32, 64, ... up to --max-len; a growth exponent needs two.
@@ -140,6 +148,7 @@ def cmd_bench_attention(args: argparse.Namespace) -> None:
               f"{RSS_RESOLUTION_MB:.0f} MB or more over the longer half of the lengths (a longer "
               "--max-len), else it is empty")
     print(json.dumps(summary))
+
 
 def print_summary(summary: dict) -> None:
     """A one-row table of a bench's numbers (less its name)."""

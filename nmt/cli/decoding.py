@@ -79,6 +79,7 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
                           help="score on these files instead of a split of the run's corpus: a "
                                "source file and its reference translations, line by line")
 
+
 def open_translator(args: argparse.Namespace, sentences: int | None = None):
     """The engine's translator for ``--checkpoint``; ``--prune-margin`` (a number of nats,
     or none for the full beam) replaces the run's decoding.prune_margin. ``sentences``: how
@@ -94,6 +95,7 @@ def open_translator(args: argparse.Namespace, sentences: int | None = None):
         translator.config.decoding.prune_margin = parse_margin(args.prune_margin)
     return translator
 
+
 def parse_margin(text: str) -> float | None:
     """``--prune-margin``: a number of nats >= 0, or none (the full beam)."""
     try:
@@ -103,6 +105,7 @@ def parse_margin(text: str) -> float | None:
     except ValueError:
         raise NMTError(f"--prune-margin must be a number >= 0 or none, got '{text}'") from None
     return margin
+
 
 def open_input(path: str | None) -> AbstractContextManager[BinaryIO]:
     """The input as bytes: a file (``.gz`` decompressed, as corpus files are), a pipe such
@@ -282,6 +285,7 @@ def check_plot_options(translator, args: argparse.Namespace) -> None:
         raise NMTError(f"--plot-attention {args.plot_attention} holds pictures of an earlier "
                        f"input ({earlier[0]}, ...): name a new folder, or empty this one")
 
+
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from nmt.config import run_config
     from nmt.evaluate import (
@@ -313,6 +317,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     print(f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}")
     print(f"hypotheses and scores written to {run_dir / 'eval'}/")
 
+
 def add_average(sub: argparse._SubParsersAction) -> None:
     average = sub.add_parser("average", help="average the weights of a run's last checkpoints")
     average.set_defaults(run_command=cmd_average)
@@ -321,6 +326,7 @@ def add_average(sub: argparse._SubParsersAction) -> None:
     average.add_argument("--last", type=int, help="the last N kept checkpoints (default all)")
     average.add_argument("--out", type=path_option, help="output file (default RUN/averaged.ckpt)")
 
+
 def cmd_average(args: argparse.Namespace) -> None:
     from nmt.average import average_run
 
@@ -328,6 +334,7 @@ def cmd_average(args: argparse.Namespace) -> None:
     count = "1 checkpoint" if len(paths) == 1 else f"{len(paths)} checkpoints"
     short = f" (--last {args.last}: the run kept only {len(paths)})" if (args.last or 0) > len(paths) else ""
     print(f"averaged {count} ({', '.join(p.name for p in paths)}) into {out}{short}")
+
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="translate over HTTP, with a web page of the attention")
@@ -351,6 +358,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                        help="more run directories that decode with the one --checkpoint, served "
                             "as one model named after it (as translate's --ensemble)")
 
+
 def cmd_serve(args: argparse.Namespace) -> None:
     # SIGTERM as Ctrl-C, and either a clean end, from the start: serve() ends so, but torch and
     # LitServe import before it runs (seconds), and a supervisor's stop then killed it (143)
@@ -361,6 +369,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
             raise NMTError('nmt serve needs LitServe: pip install -e ".[serve]"') from None
         serve(args.checkpoint, args.host, args.port, args.engine, args.beam, args.max_batch,
               args.weights, args.precision, args.ensemble, args.timeout)
+
 
 def add_export(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="convert a Transformer run for another inference engine")
@@ -373,6 +382,7 @@ def add_export(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--weights", type=path_option,
                         help="checkpoint file in the run directory (default: the "
                              "run's final weights, as translate)")
+
 
 def cmd_export(args: argparse.Namespace) -> None:
     if args.format != "ctranslate2":

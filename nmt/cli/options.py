@@ -62,13 +62,16 @@ def whole_number(text: str, least: int = 0) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number >= {least}, got '{text}'")
     return int(text)
 
+
 def positive_int(text: str) -> int:
     """An argparse type for a count that must be at least 1 (steps, seeds, sentences)."""
     return whole_number(text, least=1)
 
+
 def positive_ints(text: str) -> list[int]:
     """An argparse type for comma-separated counts, e.g. beam sizes 1,5."""
     return [positive_int(part) for part in text.split(",")]
+
 
 def dotted_overrides(extra: list[str], known_options: list[str] = ()) -> list[str]:
     """``--a.b v``, ``--a.b=v`` and ``a.b=v`` -> ["a.b=v", ...]; an undotted ``--key`` that is
@@ -109,16 +112,19 @@ def unknown_option(name: str, key: str, known_options: list[str]) -> UsageError:
             "config keys are set as --section.key VALUE, e.g. --trainer.max_epochs 3")
     return UsageError(f"unknown option {name}: {hint}")
 
+
 def named_overrides(args: argparse.Namespace) -> list[str]:
     """The named training flags given, as config overrides (quoted: "no" stays a string)."""
     return [f"{key}={json.dumps(str(value))}" for flag, (key, _, _) in TRAIN_FLAGS.items()
             if (value := getattr(args, flag, None)) is not None]
+
 
 def add_train_flags(command: argparse.ArgumentParser, flags: tuple[str, ...]) -> None:
     """``flags`` from TRAIN_FLAGS, in this order, each with its type and help."""
     for flag in flags:
         _, kind, help_text = TRAIN_FLAGS[flag]
         command.add_argument("--" + flag.replace("_", "-"), type=kind, help=help_text)
+
 
 def print_table(rows: list[dict]) -> None:
     """A Markdown table of dicts: a column for each key any row has, empty where a row has none."""

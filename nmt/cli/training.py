@@ -60,12 +60,14 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     if rank_zero_only.rank == 0:  # once, not by every DDP process
         print(f"run directory: {run_dir}")
 
+
 def add_prepare(sub: argparse._SubParsersAction) -> None:
     prepare = sub.add_parser("prepare", help="check, tokenize and cache a corpus (train does it "
                              "too when needed)", epilog="Any config key: --section.key VALUE.")
     prepare.set_defaults(run_command=cmd_prepare, takes_overrides=True)
     prepare.add_argument("--config", type=path_option, help="YAML config, e.g. configs/transformer.yaml")
     add_train_flags(prepare, ("train_lines", "src_lang", "tgt_lang"))
+
 
 def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
     from nmt.config import load_config
@@ -76,6 +78,7 @@ def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
     check_data_config(config)  # as train does: --train-lines -5 would cut lines off the end
     absolute_file_paths(config)  # the folder named as train names it
     print(f"prepared corpus: {prepare(config.data)}")
+
 
 def add_compare(sub: argparse._SubParsersAction) -> None:
     compare = sub.add_parser("compare", help="the attention study: families x scorers x seeds",
@@ -102,6 +105,7 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
                          help="cells trained at once, each in its own process with an equal share of "
                               "the CPU threads (for a GPU that one small cell leaves idle; default 1)")
     add_train_flags(compare, ("train_lines", "max_epochs", "src_lang", "tgt_lang"))
+
 
 def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> None:
     from nmt.compare import load_compare_config, run_compare

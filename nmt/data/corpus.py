@@ -60,7 +60,6 @@ _LINE_BREAK = re.compile("[" + "".join(LINE_BREAKS) + "]")
 CHUNK_BYTES = 1 << 24  # read text 16 MiB at a time: memory stays flat however big the file
 
 
-
 @dataclass(frozen=True)
 class HubSplit:
     """A downloaded Hub split. Its rows hold one column per language of the pair, in sorted
