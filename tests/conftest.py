@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +121,21 @@ def child_processes(pid: int) -> list[int]:
             if f"\nPPid:\t{pid}\n" in status.read_text():
                 found.append(int(status.parent.name))
     return found
+
+
+def run_stopped_while_preparing(argv: list[str]) -> subprocess.CompletedProcess:
+    """``nmt ARGV`` in a fresh interpreter whose tokenizer training writes part of its model
+    and is then stopped by SIGTERM: a command stopped half-way through preparing a corpus."""
+    code = f"""if True:
+        import os, signal, sys
+        from nmt.data import prepare
+
+        def stopped_half_way(texts, path, vocab_size):
+            path.write_bytes(b"half")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        prepare.train_tokenizer = stopped_half_way
+        from nmt.cli import main
+        sys.exit(main({argv!r}))"""
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))

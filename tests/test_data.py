@@ -37,7 +37,14 @@ from nmt.data.prepare import check_prepared_text, load_side, prepare, sample_pai
 from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
 from nmt.errors import NMTError
 
-from .conftest import MULTI30K, REPO, child_processes, tiny_train_args, write_corpus
+from .conftest import (
+    MULTI30K,
+    REPO,
+    child_processes,
+    run_stopped_while_preparing,
+    tiny_train_args,
+    write_corpus,
+)
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="data/multi30k not linked")
@@ -1267,19 +1274,7 @@ def test_a_preparation_stopped_by_sigterm_leaves_no_build_folder(tmp_path):
             f"data.train_files=[{','.join(files['train'])}]",
             f"data.val_files=[{','.join(files['val'])}]",
             f"data.data_dir={tmp_path / 'data'}", "data.vocab_size=100"]
-    code = f"""if True:
-        import os, signal, sys
-        from nmt.data import prepare
-
-        def stopped_half_way(texts, path, vocab_size):
-            path.write_bytes(b"half")
-            os.kill(os.getpid(), signal.SIGTERM)
-
-        prepare.train_tokenizer = stopped_half_way
-        from nmt.cli import main
-        sys.exit(main({argv!r}))"""
-    process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=300, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    process = run_stopped_while_preparing(argv)
     assert process.returncode == 143, process.stderr
     assert process.stderr.endswith("stopped by SIGTERM\n"), process.stderr
     assert list((tmp_path / "data" / "prepared").iterdir()) == []

@@ -27,7 +27,7 @@ from nmt.errors import NMTError
 from nmt.provenance import code_commit
 from nmt.resume import check_resumable
 
-from .conftest import REPO, child_processes, tiny_train_args, write_corpus
+from .conftest import REPO, child_processes, run_stopped_while_preparing, tiny_train_args, write_corpus
 
 DROPOUT = ["model.dropout=0.3"]  # dropout draws must line up too
 
@@ -300,20 +300,7 @@ def test_sigterm_before_a_ddp_run_trains_stops_it_in_one_line(corpus, tmp_path):
     as once it trains, it now stops with one line, and what was half built is removed."""
     _, files = corpus
     argv = tiny_train_args(files, tmp_path / "run", tmp_path / "data") + DDP
-    code = f"""if True:
-        import os, signal, sys
-        from nmt.data import prepare
-
-        def stopped_half_way(texts, path, vocab_size):
-            path.write_bytes(b"half")
-            os.kill(os.getpid(), signal.SIGTERM)
-
-        prepare.train_tokenizer = stopped_half_way
-        from nmt.cli import main
-        sys.exit(main({argv!r}))"""
-    process = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                             text=True, timeout=300,
-                             preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    process = run_stopped_while_preparing(argv)
     assert process.returncode == 128 + signal.SIGTERM, process.stderr[-2000:]
     assert process.stderr.endswith("\nstopped by SIGTERM\n"), process.stderr[-2000:]
     assert "Traceback" not in process.stderr
