@@ -447,11 +447,12 @@ def train_into(config: Config, run_dir: Path) -> None:
     if resume_from is not None and nothing_to_train(config, resume_from):
         return
     # A corpus that cannot be found (no local files, the Hub unreachable): one line, before
-    # the precision probe's and the Trainer's lines; a Hub dataset's files are resolved here,
+    # the precision probe's and the Trainer's lines. A Hub dataset's files are resolved
+    # here, and downloaded (once; the first time may take hours) only after the Trainer has
+    # checked the rest of the options.
     local = local_sources(config.data)
     hub = resolve_hub(config.data) if local is None else None
-    trainer = build_trainer(config, run_dir)  # Lightning checks the rest of its options here,
-    # and the dataset is downloaded after them (once; a first download may take hours)
+    trainer = build_trainer(config, run_dir)
     sources = local if local is not None else split_sources(config.data, hub=hub)
     data = prepare_data(config.data, sources)
     references = list(data.text["val"]["tgt"])
