@@ -692,6 +692,8 @@ def print_run_summary(stats: dict, metrics: dict[str, torch.Tensor],
         print(f"early stopping ended the run: {early_stopping.stopping_reason_message}", flush=True)
     scores = ", ".join(f"{name} {float(value):.2f}" for name, value in sorted(metrics.items())
                        if name.startswith("val_"))
-    epochs = f" ({stats['epochs']:g} epochs)" if stats["epochs"] is not None else ""
-    print(f"trained {stats['steps']:,} updates{epochs} at {stats['tgt_tok_per_s']:,.0f} tgt tok/s"
+    epochs = "" if stats["epochs"] is None else \
+        f" ({stats['epochs']:g} epoch{'s' * (stats['epochs'] != 1)})"
+    updates = f"{stats['steps']:,} update{'s' * (stats['steps'] != 1)}"
+    print(f"trained {updates}{epochs} at {stats['tgt_tok_per_s']:,.0f} tgt tok/s"
           + (f"; last validation: {scores}" if scores else ""), flush=True)

@@ -20,7 +20,7 @@ from nmt.cli import main
 from nmt.config import DecodingConfig, OptimConfig
 from nmt.data.batching import collate
 from nmt.data.tokenizer import BOS, EOS
-from nmt.training import TranslationModule
+from nmt.training import TranslationModule, print_run_summary
 
 from .conftest import REPO, tiny_train_args, write_corpus
 
@@ -96,7 +96,7 @@ def test_wmt14_base_config_trains_on_a_tiny_slice(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "effective batch: 1 processes (1 devices x 1 nodes) x 600 tokens" in out
-    assert re.search(r"trained 2 updates \([\d.]+ epochs\) at ", out), out
+    assert re.search(r"trained 2 updates \([\d.]+ epochs?\) at ", out), out
     assert "; last validation: val_bleu " in out
     last = torch.load(tmp_path / "run" / "last.ckpt", map_location="cpu", weights_only=False)
     assert last["global_step"] == 2 and (tmp_path / "run" / "best.ckpt").is_file()
@@ -194,3 +194,13 @@ def test_a_run_resumed_without_early_stopping_or_kept_checkpoints_says_nothing_o
         assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data"),
                      "trainer.early_stopping_patience=0", "trainer.keep_last_checkpoints=0"]) == 0
     assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]
+
+
+@pytest.mark.parametrize("steps, epochs, said", [(1, 1.0, "trained 1 update (1 epoch) at 2,500 tgt tok/s"),
+                                                 (3, 0.5, "trained 3 updates (0.5 epochs) at"),
+                                                 (1200, 2.0, "trained 1,200 updates (2 epochs) at")])
+def test_the_run_summary_counts_in_words(capsys, steps, epochs, said):
+    """A short run said "trained 3 updates (1 epochs)"."""
+    print_run_summary({"steps": steps, "epochs": epochs, "tgt_tok_per_s": 2500.0},
+                      {"val_bleu": torch.tensor(1.0)}, None)
+    assert capsys.readouterr().out.startswith(said)
