@@ -20,6 +20,7 @@ PANEL_INCHES = (3.0, 16.0)  # a heatmap's smallest and largest side
 # A grid's largest side, wherever its panels allow: 16 heads of long lines drew 4 x 4 panels of
 # 16 in, 7,000 pixels a side (the study's largest grid, 9 panels across, is 37 in)
 FIGURE_INCHES = 48.0
+DPI = 110  # pixels per inch of the pictures written
 
 
 def draw_attention(ax, weights: Tensor, src: list[str], tgt: list[str], title: str = "",
@@ -67,7 +68,6 @@ def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[s
             ax.axis("off")
         else:
             draw_attention(ax, panel[1], panel[2], panel[3], panel[0], labels)
-    fig.tight_layout()
     _save(fig, path)
 
 
@@ -124,7 +124,6 @@ def save_bar_chart(path: str | Path, labels: list[str], means: list[float], stds
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    fig.tight_layout()
     _save(fig, path)
 
 
@@ -137,7 +136,6 @@ def save_scatter(path: str | Path, xs: list[float], ys: list[float], labels: lis
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    fig.tight_layout()
     _save(fig, path)
 
 
@@ -152,7 +150,6 @@ def save_lines(path: str | Path, series: dict[str, tuple[list[float], list[float
     ax.set_title(title)
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
     _save(fig, path)
 
 
@@ -170,7 +167,6 @@ def save_line_panels(path: str | Path, panels: list[tuple[str, dict[str, tuple[l
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
     _save(fig, path)
 
 
@@ -188,10 +184,15 @@ def check_picture_path(path: str | Path) -> None:
 
 
 def _save(fig, path: str | Path) -> None:
+    """Lay ``fig`` out and write it at ``DPI``. Laid out at matplotlib's 100 dpi and saved at
+    110, a heatmap's title could be drawn off the figure (a long line's pieces along the top:
+    ``translate --plot-attention`` lost "line 1, cross"): the layout is made at the dpi saved."""
     path = Path(path)
+    fig.set_dpi(DPI)
+    fig.tight_layout()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=DPI)
     except OSError as err:  # named here: a caller writing other files would misname it
         raise NMTError(f"cannot write the picture {path}: {err.strerror}") from None
     finally:

@@ -290,3 +290,22 @@ def test_the_key_size_of_a_family_without_cross_attention_is_one_line(monkeypatc
     monkeypatch.setitem(models.MODELS, "plain", Plain)
     with pytest.raises(NMTError, match="^model family 'plain' has no cross-attention scorer$"):
         attention_key_size({"family": "plain"})
+
+
+def test_a_heatmaps_title_is_drawn_inside_its_picture(tmp_path, monkeypatch):
+    """Laid out at matplotlib's 100 dpi and saved at 110, a line of pieces along the top put
+    the title above the figure's edge: ``translate --plot-attention`` of an untrained run's
+    36-piece output wrote a picture without its "line 1, cross"."""
+    closed = []
+    monkeypatch.setattr(plots.plt, "close", closed.append)  # the figure as written, kept
+    src = "▁Ein ▁Mann ▁mit ▁eine m ▁orange farbene n ▁Hut , ▁ ▁der ▁etwas ▁an sta r rt . </s>".split()
+    tgt = ("▁Drei ▁Bo ften sc radfahr" + " ▁Junge ▁Hintergrund zer ▁Telefon ▁bea ▁flieg gew ▁j" * 3
+           + " ennis ommuni </s>").split()
+    weights = torch.rand(len(tgt), len(src))
+    plots.save_attention_grid(tmp_path / "0001.png", [("line 1, cross", weights, src, tgt)])
+    (fig,) = closed
+    title = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
+    assert 0 <= title.y0 and title.y1 <= fig.bbox.height, (title, fig.bbox)
+    assert (tmp_path / "0001.png").is_file()
+    monkeypatch.undo()
+    plots.plt.close(fig)
