@@ -151,8 +151,6 @@ def quiet_lightning_noise() -> None:
     - "Checkpoint directory ... exists and is not empty": the run directory holds the config
       and the SentencePiece model before training starts, and a resumed run its checkpoints
       (``nmt.resume.check_resumable`` refuses to train a new run over checkpoints it cannot resume);
-    - "Precision bf16-mixed is not supported by the model summary": the size it estimates is
-      the fp32 weights', which is what they are under mixed precision;
     - under DDP, its advice to log our epoch metrics with ``sync_dist=True``: the validation
       scores are summed over the processes before they are logged, the tokens/s counts every
       process's tokens, and the wall-clock minutes are the same on each;
@@ -174,7 +172,6 @@ def quiet_lightning_noise() -> None:
     (adding the same filter twice keeps one)."""
     for message in (".*Consider increasing the value of the `num_workers` argument",
                     "Checkpoint directory .* exists and is not empty",
-                    r"Precision \S+-mixed is not supported by the model summary",
                     r"It is recommended to use `self\.log\('(val_loss|val_bleu|wall_minutes|"
                     r"train_tgt_tok_per_s)'.*sync_dist=True",
                     "ReduceLROnPlateau conditioned on metric val_bleu which is not available",
@@ -315,6 +312,10 @@ def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
             check_val_every_n_epoch=None if isinstance(t.val_check_interval, int) else 1,
             log_every_n_steps=t.log_every_n_steps,
             enable_progress_bar=t.enable_progress_bar,
+            # In its place, nmt.training.print_model_size's line: Lightning's table had one row
+            # (the model) and a FLOPs column and total of 0 (it counts them only over an
+            # example_input_array, which would cost a forward at every start)
+            enable_model_summary=False,
             use_distributed_sampler=False,  # our batch sampler shards batches across ranks itself
             logger=loggers,
             # A fresh sampler each epoch, seeded by the epoch (Lightning's set_epoch does not reach

@@ -471,6 +471,7 @@ def train_into(config: Config, run_dir: Path) -> None:
     module = TranslationModule(model, data.tokenizer, config.optim, config.decoding, references,
                                config.seed)
     print_effective_batch(config, trainer)
+    print_model_size(model, trainer)
     if trainer.is_global_zero:
         note = training_pairs_note(data, config.data.max_len)
         if note is not None:  # pairs left out: say so, once
@@ -653,6 +654,14 @@ def print_effective_batch(config: Config, trainer: L.Trainer) -> None:
               f"{trainer.num_nodes} nodes) x {tokens} tokens x {t.accumulate_grad_batches} "
               f"accumulated = {total} padded tokens per optimizer step (lr {config.optim.lr})",
               flush=True)
+
+
+def print_model_size(model: torch.nn.Module, trainer: L.Trainer) -> None:
+    """One line at start: the model's class and its parameters."""
+    if trainer.is_global_zero:
+        count = sum(p.numel() for p in model.parameters())
+        print(f"model: {type(model).__name__}, {count:,} parameters "
+              f"({count * 4 / 2**20:.1f} MiB in fp32)", flush=True)
 
 
 def write_train_stats(run_dir: Path, totals: dict, module: TranslationModule, trainer: L.Trainer,
