@@ -292,6 +292,10 @@ def check_data_config(config: Config) -> None:
     """Sizes and counts of the data pipeline, the seed, and the decoding options validation
     uses."""
     d = config.data
+    for key in ("corpus", "data_dir", "hub_dataset", "src_lang", "tgt_lang"):
+        if getattr(d, key) == "":  # read as unset, or as the current folder: a fallback, silently
+            raise NMTError(f"bad config: data.{key} is empty (an unset variable?): give it a "
+                           "value, or leave it out for the default")
     for key in ("max_len", "max_tokens", "eval_max_tokens", "vocab_size", "spm_sample"):
         if getattr(d, key) < 1:
             raise NMTError(f"data.{key} must be at least 1, got {getattr(d, key)}")

@@ -185,6 +185,18 @@ def test_an_empty_run_dir_is_refused_as_on_the_command_line(tmp_path, monkeypatc
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("key", ["data_dir", "hub_dataset", "corpus", "src_lang"])
+def test_an_empty_data_option_is_refused(tmp_path, monkeypatch, capsys, key):
+    """data.data_dir: "" prepared the corpus into ./prepared, data.hub_dataset: "" read as
+    no Hub dataset (the local files, or Multi30k's), silently, as run_dir: "" once did."""
+    monkeypatch.chdir(tmp_path)
+    args = tiny_train_args(write_corpus(tmp_path), tmp_path / "run", tmp_path / "data")
+    assert main([*args, f'data.{key}=""']) == 1
+    assert capsys.readouterr().err == (f"error: bad config: data.{key} is empty (an unset "
+                                       "variable?): give it a value, or leave it out for the default\n")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "prepared").exists()
+
+
 def test_a_run_resumed_without_early_stopping_or_kept_checkpoints_says_nothing_of_them(tmp_path):
     """Turning early stopping and checkpoint keeping off between segments is allowed
     (RESUMABLE_CHANGES); Lightning still asked the user to add those callbacks back."""
