@@ -900,3 +900,17 @@ def test_a_resumed_run_logs_each_update_once(corpus, tmp_path, monkeypatch):
     validated = [int(row["step"]) for row in rows if row.get("val_loss")]
     assert trained == list(range(8)), trained
     assert validated == [2, 5, 7], validated
+
+
+def test_a_plateau_run_stopped_by_a_step_budget_resumes_at_the_uninterrupted_rates(corpus, tmp_path):
+    """The plateau schedule (patience 0: a validation whose BLEU is not above the best halves
+    the rate) steps at the validations of the cadence, each epoch's end. The validation that
+    the step budget added at update 2 stepped it too: the resumed run trained updates 5-8 at
+    half the uninterrupted run's rate, and ended with other weights."""
+    plateau = ("optim.schedule=plateau", "optim.plateau_patience=0", "optim.lr=0.01")
+    assert main(args(corpus, tmp_path / "straight", *plateau)) == 0
+    assert main(args(corpus, tmp_path / "cut", *plateau, "trainer.max_steps=2")) == 0
+    assert main(args(corpus, tmp_path / "cut", *plateau)) == 0
+    straight_run, resumed = checkpoint(tmp_path / "straight"), checkpoint(tmp_path / "cut")
+    assert resumed["lr_schedulers"] == straight_run["lr_schedulers"]
+    assert_same_weights(tmp_path / "cut", straight_run)
