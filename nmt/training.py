@@ -313,6 +313,10 @@ def check_data_config(config: Config) -> None:
     for key in ("max_len", "max_tokens", "eval_max_tokens", "vocab_size", "spm_sample"):
         if getattr(d, key) < 1:
             raise NMTError(f"data.{key} must be at least 1, got {getattr(d, key)}")
+    if d.max_tokens <= d.max_len:  # a pair costs its longer side + EOS (PairDataset.lengths)
+        raise NMTError(f"data.max_tokens {d.max_tokens} cannot hold one training pair of "
+                       f"data.max_len {d.max_len} pieces ({d.max_len + 1} tokens with its end): "
+                       f"give {d.max_len + 1} or more, or a lower data.max_len")
     if d.train_lines is not None and d.train_lines < 1:
         raise NMTError(f"data.train_lines must be at least 1 (or null: all), got {d.train_lines}")
     if d.src_lang == d.tgt_lang:

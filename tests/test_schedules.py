@@ -282,6 +282,8 @@ def test_a_family_without_the_decoding_interface_is_refused_at_start_up(toy_regi
     ("model.dropout=true", "model.dropout must be float, got True"),
     ("model.dropout=1.5", "model.dropout must be in [0, 1), got 1.5"),
     ("data.max_tokens=0", "data.max_tokens must be at least 1, got 0"),
+    ("data.max_tokens=100", "data.max_tokens 100 cannot hold one training pair of data.max_len "
+     "100 pieces (101 tokens with its end): give 101 or more, or a lower data.max_len"),
     ("data.max_len=0", "data.max_len must be at least 1, got 0"),
     ("data.train_lines=-5", "data.train_lines must be at least 1 (or null: all), got -5"),
     ("data.num_workers=-1", "data.num_workers must be 0 or more, got -1"),
