@@ -20,7 +20,7 @@ from nmt.cli import main
 from nmt.config import DecodingConfig, OptimConfig
 from nmt.data.batching import collate
 from nmt.data.tokenizer import BOS, EOS
-from nmt.training import TranslationModule, print_run_summary
+from nmt.training import TranslationModule, epochs_trained, print_run_summary
 
 from .conftest import REPO, tiny_train_args, write_corpus
 
@@ -218,3 +218,11 @@ def test_the_run_summary_counts_in_words(capsys, steps, epochs, said):
     print_run_summary({"steps": steps, "epochs": epochs, "tgt_tok_per_s": 2500.0},
                       {"val_bleu": torch.tensor(1.0)}, None)
     assert capsys.readouterr().out.startswith(said)
+
+
+@pytest.mark.parametrize("steps, per_epoch, epochs", [(30, 20159, 0.0015), (1, 3, 0.33), (5, 4, 1.25),
+                                                      (2999, 1000, 3.0), (0, 10, 0.0)])
+def test_epochs_trained_keep_a_short_run_of_a_large_corpus_above_0(steps, per_epoch, epochs):
+    """30 updates of a 2.5M-pair corpus said "trained 30 updates (0 epochs)", and
+    train_stats.json "epochs": 0.0."""
+    assert epochs_trained(steps, per_epoch) == epochs
