@@ -128,6 +128,23 @@ def moved_paths(value, before: str, now: str):
     return value
 
 
+def validation_on_cadence(trainer: L.Trainer) -> bool:
+    """Whether the running validation of training is one of trainer.val_check_interval's (an
+    epoch's end, every N batches), by Lightning's own test with the budget's stop request left
+    out, not one that a step or time budget ending between them added (``StopAtBudget``,
+    Lightning's Timer). What decides the trajectory (the plateau schedule's rate, early
+    stopping's count) weighs the cadence's alone: a run stopped by a budget and resumed then
+    goes on as the uninterrupted run, which has no validation there; at a run's true end
+    they change nothing. Rank 0's answer, on every process: a time interval reads each one's
+    own clock, and early stopping's decision is a collective that all or none must join."""
+    stopping, trainer.should_stop = trainer.should_stop, False
+    try:
+        on_cadence = trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+    finally:
+        trainer.should_stop = stopping
+    return trainer.strategy.broadcast(on_cadence)
+
+
 class PatientEarlyStopping(EarlyStopping):
     """Lightning's early stopping with the patience given now: a checkpoint restores the
     validations waited, not the patience, which a resumed run may change (raised, to train
@@ -152,6 +169,13 @@ class PatientEarlyStopping(EarlyStopping):
                      and state.get("monitor") == self.monitor), None)
         if best is not None:
             self.best_score = torch.as_tensor(float(best))
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Counts the validations of the cadence (``validation_on_cadence``): one a budget
+        added counted too, and a run stopped by the budget there and resumed stopped a
+        validation or more before the uninterrupted run, or trained nothing."""
+        if validation_on_cadence(trainer):
+            super().on_validation_end(trainer, pl_module)
 
     def load_state_dict(self, state_dict: dict) -> None:
         patience = self.patience

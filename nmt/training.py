@@ -30,7 +30,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from nmt.average import final_weights
-from nmt.callbacks import StopOnSignals
+from nmt.callbacks import StopOnSignals, validation_on_cadence
 from nmt.config import DECODING_PRECISIONS, Config, DecodingConfig, OptimConfig, run_dir_of, save_config
 from nmt.data.batching import Batch, TokenBatchSampler
 from nmt.data.corpus import local_sources, resolve_hub, split_sources
@@ -251,24 +251,11 @@ class TranslationModule(L.LightningModule):
 
     def step_plateau(self, bleu: float) -> None:
         """The plateau schedule weighs every validation of the cadence (``lr_scheduler_step``
-        leaves it to this), not one that a budget ending there added (``_on_cadence``)."""
+        leaves it to this), not one that a budget ending there added (``validation_on_cadence``)."""
         if self.trainer.state.fn == TrainerFn.FITTING and \
-                isinstance(scheduler := self.lr_schedulers(), ReduceLROnPlateau) and self._on_cadence():
+                isinstance(scheduler := self.lr_schedulers(), ReduceLROnPlateau) and \
+                validation_on_cadence(self.trainer):
             scheduler.step(bleu)
-
-    def _on_cadence(self) -> bool:
-        """Whether this validation of training is one of trainer.val_check_interval's (an
-        epoch's end, every N batches), by Lightning's own test with the budget's stop request
-        left out. A step or time budget that ends between them validates there too: stepped by
-        that validation, a run stopped by a budget and resumed trained on at a rate the
-        uninterrupted run never took (a BLEU not above the last halved it), while at the run's
-        true end a lowered rate changes nothing."""
-        trainer = self.trainer
-        stopping, trainer.should_stop = trainer.should_stop, False
-        try:
-            return trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
-        finally:
-            trainer.should_stop = stopping
 
     def lr_scheduler_step(self, scheduler, metric) -> None:
         """Lightning's stepping of the schedules, but for the plateau's (``step_plateau``)."""

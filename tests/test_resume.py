@@ -626,7 +626,8 @@ def test_the_validation_at_the_end_of_the_last_epoch_counts_as_any_other(corpus,
     """Validations every 3 of 2 x 4 batches: the loop validates at updates 3 and 6, and the end
     of the last epoch (update 8) is validated too, as any validation: it keeps its step
     checkpoint, and best.ckpt, train_stats.json and the record of the best in last.ckpt (what a
-    resumed run compares its validations with) all name the best of the three."""
+    resumed run compares its validations with) all name the best of the three; early stopping,
+    which decides where the run ends, the best of the cadence's two."""
     options = ["trainer.val_check_interval=3", "trainer.keep_last_checkpoints=2"]
     assert main(args(corpus, tmp_path, *options)) == 0
     assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["step6.ckpt", "step8.ckpt"]
@@ -642,8 +643,9 @@ def test_the_validation_at_the_end_of_the_last_epoch_counts_as_any_other(corpus,
                 if key.startswith("ModelCheckpoint{'monitor': 'val_loss'"))
     assert float(best["best_model_score"]) == pytest.approx(scores[best_step], abs=1e-4)
     assert Path(best["best_model_path"]).name == "best.ckpt"
+    # Early stopping counts the cadence's validations alone (test_an_early_stopped_run_...)
     stopping = next(state for key, state in record.items() if key.startswith("EarlyStopping"))
-    assert float(stopping["best_score"]) == pytest.approx(scores[best_step], abs=1e-4)
+    assert float(stopping["best_score"]) == pytest.approx(min(scores[3], scores[6]), abs=1e-4)
 
 
 def test_a_hand_edited_record_of_the_training_pairs_is_a_one_line_error(tmp_path, capsys):
@@ -914,3 +916,18 @@ def test_a_plateau_run_stopped_by_a_step_budget_resumes_at_the_uninterrupted_rat
     straight_run, resumed = checkpoint(tmp_path / "straight"), checkpoint(tmp_path / "cut")
     assert resumed["lr_schedulers"] == straight_run["lr_schedulers"]
     assert_same_weights(tmp_path / "cut", straight_run)
+
+
+def test_an_early_stopped_run_stopped_by_a_step_budget_before_ends_where_an_uninterrupted_one_does(
+        corpus, tmp_path):
+    """BLEU never changes (lr 1e-12), validated at each epoch's end (4 batches) with patience 1:
+    the uninterrupted run stops at update 8. Cut at update 2 by a step budget, whose
+    validation counted as the best, the resumed run had waited its 1 validation at update 4
+    and stopped there, 4 updates short."""
+    stopping = ("optim.lr=1e-12", "optim.min_lr=0", "trainer.best_metric=val_bleu",
+                "trainer.early_stopping_patience=1", "--max-epochs", "4")
+    assert main(args(corpus, tmp_path / "straight", *stopping)) == 0
+    assert main(args(corpus, tmp_path / "cut", *stopping, "trainer.max_steps=2")) == 0
+    assert main(args(corpus, tmp_path / "cut", *stopping)) == 0
+    assert checkpoint(tmp_path / "straight")["global_step"] == 8
+    assert checkpoint(tmp_path / "cut")["global_step"] == 8
