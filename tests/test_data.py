@@ -207,6 +207,27 @@ def test_joint_tokenizer_round_trip_and_cache(tmp_path):
     assert prepare(cfg) == data.folder
 
 
+@pytest.mark.parametrize("vocab, spm_sample, said", [
+    (80, 2, "2 sampled pairs (data.spm_sample) hold"),
+    (80, 100_000, None),
+    (120, 100_000, "the training split's 300 pairs hold")])
+def test_a_vocabulary_smaller_than_asked_is_said(tmp_path, capsys, vocab, spm_sample, said):
+    """SentencePiece makes what the sampled text allows (hard_vocab_limit=False): with
+    data.spm_sample=2 a vocabulary of 80 asked came out of a few dozen pieces, most of the
+    corpus' characters unknown, and nothing said so."""
+    files = write_corpus(tmp_path)
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), train_files=files["train"],
+                     val_files=files["val"], vocab_size=vocab, spm_sample=spm_sample)
+    made = len(prepare_data(cfg).tokenizer)
+    err = capsys.readouterr().err
+    if said is None:
+        assert made == vocab and "note: SentencePiece" not in err, err
+    else:
+        assert made < vocab
+        assert f"  note: SentencePiece made {made} pieces of the {vocab} asked (data.vocab_size): " \
+               f"{said} no more\n" in err, err
+
+
 def test_a_build_killed_part_of_the_way_is_removed_by_the_next(tmp_path):
     """A preparation killed (SIGKILL, the OOM killer, SIGTERM) left its half-built folder,
     gigabytes for a large corpus, which nothing removed. The next preparation removes those of
@@ -928,7 +949,7 @@ def test_prepare_command_and_a_bad_line(tmp_path, capsys, monkeypatch):
     argv = ["prepare", "--config", str(REPO / "configs" / "transformer.yaml"),
             f"data.train_files=[{','.join(files['train'])}]",
             f"data.val_files=[{','.join(files['val'])}]",
-            "data.data_dir=data", "data.vocab_size=100"]
+            "data.data_dir=data", "data.vocab_size=80"]
     monkeypatch.chdir(tmp_path)
     assert main([*argv, "--train-lines", "-5"]) == 1  # as train: no lines cut off the end
     assert "data.train_lines must be at least 1" in capsys.readouterr().err

@@ -229,8 +229,14 @@ def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> None:
                        "nothing to train SentencePiece or the model on")
     lap("read and sample")
     tokenizer = train_tokenizer(src + tgt, folder / "spm.model", cfg.vocab_size)
+    sampled = len(src)
     del src, tgt
     lap("SentencePiece")
+    if len(tokenizer) < cfg.vocab_size:  # hard_vocab_limit=False: what the text allows, silently
+        text = (f"{sampled:,} sampled pairs (data.spm_sample) hold" if sampled == cfg.spm_sample
+                else f"the training split's {sampled:,} pairs hold")
+        print(f"  note: SentencePiece made {len(tokenizer):,} pieces of the {cfg.vocab_size:,} "
+              f"asked (data.vocab_size): {text} no more", file=sys.stderr, flush=True)
     dtype = np.uint16 if len(tokenizer) <= 1 << 16 else np.int32
     pairs, texts = {}, {}
     langs = (cfg.src_lang, cfg.tgt_lang)
