@@ -208,7 +208,7 @@ def test_joint_tokenizer_round_trip_and_cache(tmp_path):
 
 
 @pytest.mark.parametrize("vocab, spm_sample, said", [
-    (80, 2, "2 sampled pairs (data.spm_sample) hold"),
+    (80, 2, "a sample of 2 pairs (data.spm_sample) holds"),
     (80, 100_000, None),
     (120, 100_000, "the training split's 300 pairs hold")])
 def test_a_vocabulary_smaller_than_asked_is_said(tmp_path, capsys, vocab, spm_sample, said):

@@ -233,8 +233,9 @@ def _build(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> None:
     del src, tgt
     lap("SentencePiece")
     if len(tokenizer) < cfg.vocab_size:  # hard_vocab_limit=False: what the text allows, silently
-        text = (f"{sampled:,} sampled pairs (data.spm_sample) hold" if sampled == cfg.spm_sample
-                else f"the training split's {sampled:,} pairs hold")
+        pairs = f"{sampled:,} pair{'s' * (sampled != 1)}"
+        text = (f"a sample of {pairs} (data.spm_sample) holds" if sampled == cfg.spm_sample
+                else f"the training split's {pairs} hold")
         print(f"  note: SentencePiece made {len(tokenizer):,} pieces of the {cfg.vocab_size:,} "
               f"asked (data.vocab_size): {text} no more", file=sys.stderr, flush=True)
     dtype = np.uint16 if len(tokenizer) <= 1 << 16 else np.int32
