@@ -341,6 +341,8 @@ def check_model_fits(config: Config) -> None:
     if long_dropout is not None and not (0 <= long_dropout < 1 and hasattr(cls, "set_dropout")):
         raise NMTError(f"optim.long_run_dropout {long_dropout} needs a value in [0, 1) and a model "
                        f"with set_dropout ({cls.__name__})")
+    if long_dropout is not None and not 0 <= config.optim.long_run_epochs < math.inf:
+        raise NMTError(f"optim.long_run_epochs must be 0 or more, got {config.optim.long_run_epochs}")
 
 
 def check_optim_config(optim: OptimConfig) -> None:
@@ -416,6 +418,9 @@ def check_trainer_config(config: Config) -> None:
                        "DD:HH:MM:SS above 0")
     if t.log_every_n_steps < 0:
         raise NMTError(f"trainer.log_every_n_steps must be 0 or more, got {t.log_every_n_steps}")
+    for key in ("max_epochs", "max_steps"):
+        if getattr(t, key) < -1:  # under cosine, read as no budget: "none is set"
+            raise NMTError(f"trainer.{key} must be 1 or more (-1: no limit), got {getattr(t, key)}")
     if t.max_epochs == 0 or t.max_steps == 0:
         raise NMTError("trainer.max_epochs and trainer.max_steps of 0 train nothing: give a budget "
                        "(-1: no limit)")

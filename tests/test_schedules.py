@@ -293,6 +293,10 @@ def test_a_family_without_the_decoding_interface_is_refused_at_start_up(toy_regi
     ("decoding.max_len_ratio=-1", "decoding.max_len_ratio must be 0 or more, got -1"),
     ("optim.label_smoothing=2", "optim.label_smoothing must be in [0, 1), got 2"),
     ("trainer.max_steps=0", "trainer.max_epochs and trainer.max_steps of 0 train nothing"),
+    # read as no budget, which cosine (the config's schedule) called "none is set"
+    ("--max-epochs -5", "trainer.max_epochs must be 1 or more (-1: no limit), got -5"),
+    ("trainer.max_steps=-2", "trainer.max_steps must be 1 or more (-1: no limit), got -2"),
+    ("optim.long_run_epochs=-1", "optim.long_run_epochs must be 0 or more, got -1"),
     ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val must be 0 (off) or more, got -1"),
     *((f"trainer.precision={p}", f"trainer.precision {p}: nmt trains fp32 weights, with bf16 or "
        "fp16 matmuls at most; choose auto, 32-true, bf16-mixed or 16-mixed")
