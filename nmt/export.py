@@ -33,7 +33,7 @@ from nmt.config import Config, load_config, run_config
 from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError, first_line
-from nmt.files import is_export, made_folders_removed_on_failure, refuse_export
+from nmt.files import is_export, made_folders_removed_on_failure, refuse_export, require_export
 from nmt.models import model_option
 from nmt.models.transformer import TransformerModel
 from nmt.search import length_penalty, max_output_lengths
@@ -258,10 +258,7 @@ class CTranslate2Translator:
 
     def __init__(self, model_dir: str | Path, device: str | None = None, threads: int = 0):
         model_dir = Path(model_dir)
-        if not is_export(model_dir):
-            raise NMTError(f"no CTranslate2 model in {model_dir}: --engine ctranslate2 takes a "
-                           "folder written by nmt export (of a Transformer run), e.g. nmt export "
-                           "--checkpoint RUN --out RUN.ct2")
+        require_export(model_dir)
         self.config = load_config(model_dir / "config.yaml")
         self.tokenizer = Tokenizer(model_dir / "spm.model")
         self.max_positions = model_option(TransformerModel, self.config.model, "max_positions")

@@ -138,6 +138,14 @@ def is_export(folder: str | Path) -> bool:
     return (Path(folder) / "model.bin").is_file()
 
 
+def require_export(folder: str | Path) -> None:
+    """A one-line error where ``--engine ctranslate2`` is given a folder that is no export."""
+    if not is_export(folder):
+        raise NMTError(f"no CTranslate2 model in {folder}: --engine ctranslate2 takes a "
+                       "folder written by nmt export (of a Transformer run), e.g. nmt export "
+                       "--checkpoint RUN --out RUN.ct2")
+
+
 def refuse_export(folder: str | Path, hint: str) -> None:
     """A one-line error where a training run is needed and ``folder`` is an export: a user
     who named one is told what to do instead (``hint``) rather than that files are missing."""

@@ -871,6 +871,37 @@ def test_bad_decoding_options(run, tmp_path, extra, message, capsys):
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("command,extra,message", [
+    ("translate", ["--beam", "2", "--nbest", "3"], "need beam >= 1 and 1 <= nbest <= beam, got beam 2"),
+    ("translate", ["--beam", "1", "decoding.nbest=2"], "the run's decoding.nbest 2 is more than the beam 1"),
+    ("translate", ["--alpha", "-1"], "the length penalty alpha must be 0 (none) or more"),
+    ("translate", ["--prune-margin", "x"], "--prune-margin must be a number >= 0 or none"),
+    ("evaluate", ["--alpha", "nan"], "the length penalty alpha must be a number, got nan"),
+    ("evaluate", ["--prune-margin", "-1"], "--prune-margin must be a number >= 0 or none"),
+    ("evaluate", ["--engine", "ctranslate2", "--prune-margin", "2"],
+     "--prune-margin is for the torch engine"),
+])
+def test_bad_decoding_options_fail_before_the_model_loads(tmp_path, command, extra, message,
+                                                          capsys):
+    """A bad --beam / --nbest pair, --alpha or --prune-margin was refused only once the model
+    had loaded and --precision auto had timed it (7-14 s on a small Transformer): they are
+    checked against the run's config first. The folder here holds a config and nothing to
+    load, so a check made after the load would fail on the missing files instead. (A dotted
+    key in ``extra`` goes into that config.)"""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    save_config(load_config(overrides=[o for o in extra if "=" in o]), folder / "config.yaml")
+    if "ctranslate2" in extra:
+        (folder / "model.bin").write_bytes(b"")  # an export's, damaged: never read
+    source = tmp_path / "in.de"
+    source.write_text("haus\n")
+    what = ["--input", str(source)] if command == "translate" else ["--files", str(source), str(source)]
+    options = [o for o in extra if "=" not in o]
+    assert main([command, "--checkpoint", str(folder), *what, *options]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("beam", ["1", "2"])
 def test_a_negative_output_length_ratio_in_a_run_is_a_one_line_error(run, tmp_path, capsys, beam):
     """decoding.max_len_ratio -1 in a run's config.yaml (edited by hand) left outputs no

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from nmt.cli.options import path_option, positive_int
-from nmt.config import DECODING_PRECISIONS
+from nmt.config import DECODING_PRECISIONS, DecodingConfig, load_config, run_config
 from nmt.errors import NMTError, stopped_cleanly
-from nmt.files import GZIP_ERRORS, atomic_path, open_bytes, what_it_is
+from nmt.files import GZIP_ERRORS, atomic_path, open_bytes, require_export, what_it_is
 
 # Lines translated together: the translator sorts them by length into batches, so larger
 # chunks waste less padding; smaller ones show output sooner (docs/performance.md).
@@ -89,11 +89,41 @@ def open_translator(args: argparse.Namespace, sentences: int | None = None):
 
     translator = load_translator(args.checkpoint, args.engine, args.device, args.weights,
                                  args.precision, sentences, args.beam, args.ensemble)
+    if args.prune_margin is not None:  # check_decoding_args refused it for ctranslate2
+        translator.config.decoding.prune_margin = parse_margin(args.prune_margin)
+    return translator
+
+
+def check_decoding_args(args: argparse.Namespace, nbest: int | None) -> int:
+    """--beam, --alpha, --prune-margin and ``nbest`` (translate's --nbest; None: the run's
+    decoding.nbest) checked against the run's decoding options before its model loads and
+    ``--precision auto`` times it (seconds, longer for an ensemble): a bad one was an error
+    only after that. Returns the n-best size."""
+    from nmt.engines import check_engine_options
+    from nmt.translator import decoding_options
+
+    check_engine_options(args.engine, args.weights, args.precision, args.ensemble)
+    decoding = run_decoding(args.checkpoint, args.engine)
     if args.prune_margin is not None:
         if args.engine != "torch":
             raise NMTError("--prune-margin is for the torch engine")
-        translator.config.decoding.prune_margin = parse_margin(args.prune_margin)
-    return translator
+        decoding.prune_margin = parse_margin(args.prune_margin)
+    if nbest is None:
+        nbest, beam = decoding.nbest, args.beam or decoding.beam_size
+        if 1 <= beam < nbest:  # a beam below 1 is decoding_options' error
+            raise NMTError(f"the run's decoding.nbest {nbest} is more than the beam {beam}: "
+                           "give --nbest (1 for one translation a line)")
+    decoding_options(decoding, args.beam, nbest, args.alpha)
+    return nbest
+
+
+def run_decoding(checkpoint: str, engine: str) -> DecodingConfig:
+    """The decoding options of ``checkpoint``: a training run's config.yaml, or for the
+    ctranslate2 engine the copy an export keeps beside its model."""
+    if engine == "torch":
+        return run_config(checkpoint).decoding
+    require_export(checkpoint)
+    return load_config(Path(checkpoint) / "config.yaml").decoding
 
 
 def parse_margin(text: str) -> float | None:
@@ -198,13 +228,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
     args.input, args.output = (None if path == "-" else path for path in (args.input, args.output))
     picture_options(args)
     check_output_is_not_input(args.input, args.output)
+    args.nbest = check_decoding_args(args, args.nbest)
     translator = open_translator(args, sentences=args.buffer_lines)
-    if args.nbest is None:
-        args.nbest = translator.config.decoding.nbest
-        beam = args.beam or translator.config.decoding.beam_size
-        if 1 <= beam < args.nbest:  # a beam below 1 is decoding_options' error
-            raise NMTError(f"the run's decoding.nbest {args.nbest} is more than the beam {beam}: "
-                           "give --nbest (1 for one translation a line)")
     if args.plot_attention is not None:
         check_plot_options(translator, args)
     first = 1  # the input's number of the chunk's first line
@@ -287,7 +312,6 @@ def check_plot_options(translator, args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from nmt.config import run_config
     from nmt.evaluate import (
         eval_file_stem,
         evaluate_split,
@@ -299,6 +323,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
     if args.split and args.files:
         raise NMTError("--split and --files both name what to score: give one")
+    check_decoding_args(args, nbest=1)
     run_dir = Path(args.checkpoint)
     split = args.split or "test"
     # Before the model and the precision probe: a run trained on named files without
