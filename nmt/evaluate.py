@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from nmt.config import DataConfig
 from nmt.data.corpus import check_file_languages, load_corpus, read_pairs
 from nmt.errors import NMTError
-from nmt.files import write_atomic
+from nmt.files import atomic_path
 from nmt.metrics import score_corpus
 from nmt.translator import Translator, decoding_options
 
@@ -81,30 +83,37 @@ def evaluation_pairs(data: DataConfig, split: str, files: tuple[str, str] | None
     return file_pairs(*files)
 
 
-def evaluate_split(translator, run_dir: Path, split: str, pairs: tuple[list[str], list[str]],
-                   beam: int | None = None, alpha: float | None = None,
+def decoding_record(translator, run_dir: Path, beam: int | None = None,
+                    alpha: float | None = None) -> dict:
+    """How ``evaluate`` decodes, as its JSON records it: ``beam`` and ``alpha`` (default: the
+    run's), the engine, and for the torch engine its precision, prune margin and weights file
+    (see ``weights_name``), and an ensemble's other members. Known before anything is
+    decoded: the evaluation's file names are made of it."""
+    beam, alpha = decoding_options(translator.config.decoding, beam, 1, alpha, len(translator.tokenizer))
+    record = {"beam": beam, "alpha": alpha,
+              "engine": "torch" if isinstance(translator, Translator) else "ctranslate2"}
+    if isinstance(translator, Translator):  # an exported model has fixed weights and precision
+        record.update(precision=translator.precision.precision,
+                      prune_margin=translator.config.decoding.prune_margin,
+                      weights=weights_name(run_dir, translator.checkpoint))
+        if translator.ensemble:
+            record["ensemble"] = [str(path.resolve()) for path in translator.ensemble]
+    return record
+
+
+def evaluate_split(translator, split: str, pairs: tuple[list[str], list[str]], record: dict,
                    files: tuple[str, str] | None = None) -> tuple[list[str], dict]:
     """Hypotheses and sacreBLEU scores of ``pairs`` (sources, references: ``evaluation_pairs``
-    of ``split`` of the run's corpus, or of ``files``), decoded with ``beam`` and ``alpha``
-    (default: the run's). The scores record the decoding: split or files, beam, alpha and
-    engine, and for the torch engine its precision, prune margin and weights file (see
-    ``weights_name``)."""
+    of ``split`` of the run's corpus, or of ``files``), decoded as ``record`` says
+    (``decoding_record``). The scores record the split or files, and the decoding."""
     sources, references = pairs
-    beam, alpha = decoding_options(translator.config.decoding, beam, 1, alpha, len(translator.tokenizer))
-    hyps = best_translations(translator, sources, beam, alpha)
+    hyps = best_translations(translator, sources, record["beam"], record["alpha"])
     scores = score_corpus(hyps, references)
     if files:
         scores["files"] = [str(Path(path).resolve()) for path in files]
     else:
         scores["split"] = split
-    scores.update(beam=beam, alpha=alpha,
-                  engine="torch" if isinstance(translator, Translator) else "ctranslate2")
-    if isinstance(translator, Translator):  # an exported model has fixed weights and precision
-        scores.update(precision=translator.precision.precision,
-                      prune_margin=translator.config.decoding.prune_margin,
-                      weights=weights_name(run_dir, translator.checkpoint))
-        if translator.ensemble:
-            scores["ensemble"] = [str(path.resolve()) for path in translator.ensemble]
+    scores.update(record)
     return hyps, scores
 
 
@@ -146,7 +155,19 @@ def eval_file_stem(split: str, beam: int, weights: str | None = None, alpha: flo
     return ".".join(parts)
 
 
-def write_evaluation(folder: Path, stem: str, hyps: list[str], scores: dict) -> None:
-    """``<folder>/<stem>.hyp`` (one hypothesis a line) and ``<stem>.json`` (the scores)."""
-    write_atomic(folder / f"{stem}.hyp", "".join(h + "\n" for h in hyps))
-    write_atomic(folder / f"{stem}.json", json.dumps(scores, indent=2) + "\n")
+@contextmanager
+def evaluation_writer(folder: Path, stem: str) -> Iterator[Callable[[list[str], dict], None]]:
+    """What writes ``<folder>/<stem>.hyp`` (one hypothesis a line) and ``<stem>.json`` (the
+    scores), both made before the block, which decodes: a place they cannot go (a folder
+    that cannot be written, a file where the folder would be) is a one-line error before
+    the decoding, not after it. Each is renamed into place when the block ends without
+    error, and removed otherwise (``atomic_path``)."""
+    with (atomic_path(folder / f"{stem}.hyp") as hyp_tmp,
+          atomic_path(folder / f"{stem}.json") as json_tmp,
+          open(hyp_tmp, "w", encoding="utf-8") as hyp_file,
+          open(json_tmp, "w", encoding="utf-8") as json_file):
+        def write(hyps: list[str], scores: dict) -> None:
+            hyp_file.write("".join(h + "\n" for h in hyps))
+            json_file.write(json.dumps(scores, indent=2) + "\n")
+
+        yield write

@@ -245,6 +245,37 @@ def test_evaluate_says_what_it_cannot_score_before_loading_the_model(run, tmp_pa
         assert message in err and err.count("\n") == 1
 
 
+def test_evaluate_says_where_it_cannot_write_before_decoding(run, tmp_path, monkeypatch, capsys):
+    """RUN/eval/ that could not be made or written (here a file of that name; a run read-only
+    to its user, a read-only mount) was an error only after the whole split was decoded
+    (minutes for a large test set): the files are made first now, and nothing is decoded.
+    Stopped while it decodes, it leaves no file behind."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("eval"))
+    (copy / "eval").write_text("not a folder\n")
+    decoded = []
+
+    def translate(self, lines, *args, **kwargs):
+        decoded.append(lines)
+        return [[nmt.translator.Translation("", 0.0, [])] for _ in lines]
+
+    monkeypatch.setattr(nmt.translator.Translator, "translate", translate)
+    assert main(["evaluate", "--checkpoint", str(copy), "--beam", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: cannot write {copy}/eval/test.beam2.hyp: {copy}/eval is a file, not a folder\n"
+    assert not decoded
+
+    (copy / "eval").unlink()
+
+    def stopped(self, lines, *args, **kwargs):
+        assert [p.name for p in (copy / "eval").iterdir()] != [], "nothing made before decoding"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(nmt.translator.Translator, "translate", stopped)
+    assert main(["evaluate", "--checkpoint", str(copy), "--beam", "2"]) == 130
+    assert not (copy / "eval").exists()
+
+
 def test_evaluate_on_files_of_ones_own(corpus, run, tmp_path, capsys):
     """--files SRC REF scores any test set, read as a corpus' files are: the run's test files
     (one gzipped) score what --split test does, under their own name; bad files are one line."""

@@ -313,12 +313,13 @@ def check_plot_options(translator, args: argparse.Namespace) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from nmt.evaluate import (
+        decoding_record,
         eval_file_stem,
         evaluate_split,
         evaluation_pairs,
+        evaluation_writer,
         files_name,
         margin_name,
-        write_evaluation,
     )
 
     if args.split and args.files:
@@ -330,14 +331,15 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     # data.test_files said it has no test split after seconds of probing
     pairs = evaluation_pairs(run_config(run_dir).data, split, args.files)
     translator = open_translator(args)
-    hyps, scores = evaluate_split(translator, run_dir, split, pairs, args.beam, args.alpha,
-                                  args.files)
+    record = decoding_record(translator, run_dir, args.beam, args.alpha)
     margin = margin_name(translator.config.decoding.prune_margin) if args.prune_margin else None
-    weights = scores.get("weights") if args.weights else None  # inside the run: relative
+    weights = record.get("weights") if args.weights else None  # inside the run: relative
     name = files_name(*args.files) if args.files else split
-    stem = eval_file_stem(name, scores["beam"], weights, args.alpha, args.precision, margin,
-                          scores.get("ensemble", []))
-    write_evaluation(run_dir / "eval", stem, hyps, scores)
+    stem = eval_file_stem(name, record["beam"], weights, args.alpha, args.precision, margin,
+                          record.get("ensemble", []))
+    with evaluation_writer(run_dir / "eval", stem) as write:
+        hyps, scores = evaluate_split(translator, split, pairs, record, args.files)
+        write(hyps, scores)
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}")
     print(f"hypotheses and scores written to {run_dir / 'eval'}/")
