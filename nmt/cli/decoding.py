@@ -229,11 +229,13 @@ def cmd_translate(args: argparse.Namespace) -> None:
     picture_options(args)
     check_output_is_not_input(args.input, args.output)
     args.nbest = check_decoding_args(args, args.nbest)
-    translator = open_translator(args, sentences=args.buffer_lines)
-    if args.plot_attention is not None:
-        check_plot_options(translator, args)
-    first = 1  # the input's number of the chunk's first line
+    # The input and the output are opened before the model loads and --precision auto times
+    # it (seconds, more for an ensemble): a mistyped --input was an error only after that
     with open_input(args.input) as stream, output_writer(args.output) as write:
+        translator = open_translator(args, sentences=args.buffer_lines)
+        if args.plot_attention is not None:
+            check_plot_options(translator, args)
+        first = 1  # the input's number of the chunk's first line
         for lines in input_chunks(stream, args.buffer_lines, args.input or "stdin"):
             write(translate_chunk(translator, lines, first, args))
             first += len(lines)
