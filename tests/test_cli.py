@@ -151,6 +151,35 @@ def test_translate_in_chunks_writes_what_the_whole_input_gives(run, tmp_path, ca
     assert sorted(p.name for p in pictures.iterdir()) == ["0001.png", "0003.png"]
 
 
+def test_translate_that_fails_part_of_the_way_leaves_no_pictures_beside_no_output(run, tmp_path,
+                                                                                   capsys):
+    """--plot-attention with --output FILE: an input that fails on line 3 (not UTF-8) wrote no
+    output but left the first lines' pictures, and the same command run again on the mended
+    input refused the folder as holding an earlier input's pictures. They go now, with the
+    folders made for them; what else a folder held stays. Translations written to stdout as
+    they come keep their pictures (an interactive session ended with Ctrl-C, say)."""
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"haus mann\nhund\nkaputt \xff\n")
+    new, kept = tmp_path / "new" / "pictures", tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine\n")
+    command = ["translate", "--checkpoint", str(run), "--input", str(source), "--buffer-lines", "1"]
+    for folder in (new, kept):
+        out = tmp_path / "out.en"
+        assert main([*command, "--output", str(out), "--plot-attention", str(folder)]) == 1
+        assert capsys.readouterr().err.endswith("line 3: not valid UTF-8 (byte 7 of the line)\n")
+        assert not out.exists()
+    assert not (tmp_path / "new").exists()
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]
+    source.write_bytes(b"haus mann\nhund\n")
+    assert main([*command, "--output", str(out), "--plot-attention", str(kept)]) == 0
+    assert sorted(p.name for p in kept.iterdir()) == ["0001.png", "0002.png", "notes.txt"]
+    source.write_bytes(b"haus mann\nkaputt \xff\n")
+    assert main([*command, "--plot-attention", str(new)]) == 1  # to stdout
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert [p.name for p in new.iterdir()] == ["0001.png"]
+
+
 def test_translate_streams_each_line_as_it_arrives(run):
     """--buffer-lines 1 from a pipe: each translation comes out before the next line goes in,
     as for a program that talks to ``nmt translate`` (stdout a pipe, block-buffered: only

@@ -19,13 +19,21 @@ from typing import BinaryIO
 from nmt.cli.options import path_option, positive_int
 from nmt.config import DECODING_PRECISIONS, DecodingConfig, load_config, run_config
 from nmt.errors import NMTError, stopped_cleanly
-from nmt.files import GZIP_ERRORS, atomic_path, open_bytes, require_export, what_it_is
+from nmt.files import (
+    GZIP_ERRORS,
+    atomic_path,
+    made_folders_removed_on_failure,
+    open_bytes,
+    require_export,
+    what_it_is,
+)
 
 # Lines translated together: the translator sorts them by length into batches, so larger
 # chunks waste less padding; smaller ones show output sooner (docs/performance.md).
 BUFFER_LINES = 10_000
 # What --plot-attention draws, unless these options say otherwise.
 PICTURE_DEFAULTS = {"attention_kind": "cross", "attention_layer": -1, "attention_head": "mean"}
+PICTURES = "[0-9][0-9][0-9][0-9]*.png"  # their names: the input's line number, 0001.png on
 
 
 def add_decoding(sub: argparse._SubParsersAction) -> None:
@@ -191,7 +199,7 @@ def output_writer(path: str | None) -> Iterator[Callable[[str], object]]:
     """Where each chunk's translations go once done: stdout; or a file (gzipped where its name
     ends in .gz) written beside ``path`` and renamed over it only when the whole input is
     translated, so an error part of the way leaves an earlier ``path`` whole."""
-    name = "stdout" if path is None else own_stream(path)
+    name = written_through(path)
     if name is not None:  # /dev/stdout, /proc/self/fd/2, the file > sends stdout to: through the
         # stream itself, as opened anew it would be truncated, or written from its start over
         # what the shell wrote before and after (>>, { ...; } > file)
@@ -207,6 +215,12 @@ def output_writer(path: str | None) -> Iterator[Callable[[str], object]]:
             if path.endswith(".gz") else raw
         with io.TextIOWrapper(binary, encoding="utf-8") as out:
             yield out.write
+
+
+def written_through(path: str | None) -> str | None:
+    """The stream (stdout or stderr) an --output ``path`` (None: stdout) is written through,
+    as each chunk is done; None for a file, renamed into place at the end."""
+    return "stdout" if path is None else own_stream(path)
 
 
 def own_stream(path: str) -> str | None:
@@ -233,12 +247,11 @@ def cmd_translate(args: argparse.Namespace) -> None:
     # it (seconds, more for an ensemble): a mistyped --input was an error only after that
     with open_input(args.input) as stream, output_writer(args.output) as write:
         translator = open_translator(args, sentences=args.buffer_lines)
-        if args.plot_attention is not None:
-            check_plot_options(translator, args)
-        first = 1  # the input's number of the chunk's first line
-        for lines in input_chunks(stream, args.buffer_lines, args.input or "stdin"):
-            write(translate_chunk(translator, lines, first, args))
-            first += len(lines)
+        with attention_pictures(translator, args, streamed=written_through(args.output) is not None):
+            first = 1  # the input's number of the chunk's first line
+            for lines in input_chunks(stream, args.buffer_lines, args.input or "stdin"):
+                write(translate_chunk(translator, lines, first, args))
+                first += len(lines)
 
 
 def check_output_is_not_input(source: str | None, output: str | None) -> None:
@@ -293,6 +306,32 @@ def picture_options(args: argparse.Namespace) -> None:
             setattr(args, name, default)
 
 
+@contextmanager
+def attention_pictures(translator, args: argparse.Namespace, streamed: bool) -> Iterator[None]:
+    """The block that translates, with --plot-attention's options checked and its folder
+    made first (``check_plot_options``). Where the block fails or is stopped and the
+    translations go to a file, which is then not written, the pictures it drew go too, with
+    the folders made for them: left, they made the same command run again refuse the folder
+    as holding an earlier input's pictures. Translations ``streamed`` (written through to
+    stdout as each chunk is done, then stopped with Ctrl-C, say) keep their pictures."""
+    if args.plot_attention is None:
+        yield
+        return
+    if streamed:
+        check_plot_options(translator, args)
+        yield
+        return
+    folder = Path(args.plot_attention)
+    with made_folders_removed_on_failure(folder / PICTURES):  # the folder and those above it
+        check_plot_options(translator, args)  # the folder holds no pictures now
+        try:
+            yield
+        except BaseException:
+            for picture in folder.glob(PICTURES):
+                picture.unlink(missing_ok=True)
+            raise
+
+
 def check_plot_options(translator, args: argparse.Namespace) -> None:
     """The --plot-attention options, checked against the model before anything is translated
     (a bad one fails at once, not after the whole input); makes the pictures' folder."""
@@ -304,7 +343,7 @@ def check_plot_options(translator, args: argparse.Namespace) -> None:
     folder = Path(args.plot_attention)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        earlier = sorted(p.name for p in folder.glob("[0-9][0-9][0-9][0-9]*.png"))
+        earlier = sorted(p.name for p in folder.glob(PICTURES))
     except OSError as err:
         raise NMTError(f"--plot-attention {args.plot_attention}: cannot make a folder there "
                        f"({err.strerror})") from None
