@@ -140,6 +140,8 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool
             if path.is_file():
                 check_weights_of(run_dir, path)
                 return path
+        if folder := next((path for path in tried if path.is_dir()), None):  # not "not found"
+            raise NMTError(f"--weights {weights}: {folder} is a folder; name a checkpoint file")
         hint = _weights_elsewhere(run_dir, str(weights), given)
         if from_here:
             raise NMTError(f"weights file not found: {weights} ({given.resolve()}){hint}")

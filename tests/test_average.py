@@ -190,6 +190,11 @@ def test_weights_from_here_are_never_the_runs_file_of_that_name(tmp_path, monkey
         find_checkpoint(run, "././only.ckpt")
     with pytest.raises(NMTError, match=r"\(.*none.ckpt\)$"):  # no hint to a file not there
         find_checkpoint(run, "./none.ckpt")
+    (run / "steps" / "folder.ckpt").mkdir()  # said "weights file not found", in plain sight
+    folder = run / "steps" / "folder.ckpt"
+    with pytest.raises(NMTError, match=re.escape(f"--weights steps/folder.ckpt: {folder} is a "
+                                                 "folder; name a checkpoint file")):
+        find_checkpoint(run, "steps/folder.ckpt")
 
 
 def test_a_bare_weights_name_not_in_the_run_points_to_the_current_folders_file(tmp_path, monkeypatch):
