@@ -46,16 +46,20 @@ def post(url: str, body: dict, timeout: float) -> tuple[int, dict]:
 
 def client(url: str, lines: list[str], next_line, deadline: float, body: dict, timeout: float,
            records: list) -> None:
-    """Send one line per request until the deadline; record (line, latency, status, text)."""
-    while time.monotonic() < deadline:
+    """Send one line per request until the deadline, at least one; record (line, latency,
+    status, text), text being the translation, or a failed request's error (status 0: no
+    answer)."""
+    while True:
         number = next(next_line) % len(lines)
         start = time.monotonic()
         try:
             status, answer = post(url, {**body, "text": [lines[number]]}, timeout)
-            text = answer["translations"][0] if status == 200 else None
-        except OSError as err:  # refused, reset, timed out: an error, not a crash
+            text = answer["translations"][0] if status == 200 else answer["error"]
+        except (OSError, ValueError) as err:  # refused, reset, timed out, not JSON: an error
             status, text = 0, str(err)
         records.append((number, time.monotonic() - start, status, text))
+        if time.monotonic() >= deadline:
+            return
 
 
 def run_load(url: str, lines: list[str], clients: int, seconds: float, body: dict,
@@ -88,7 +92,24 @@ def reference(checkpoint: str, lines: list[str], beam: int, engine: str,
 
 
 def percentile(values: list[float], q: int) -> float:
+    """The ``q``-th percentile; one value is each of its own (Python 3.11's ``quantiles``
+    refuses fewer than two: one answered request ended the test in a traceback)."""
+    if len(values) == 1:
+        return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def failure(record: tuple) -> str:
+    """A failed request in words: its line, and the server's status and error."""
+    number, _, status, error = record
+    return f"line {number}: " + (f"HTTP {status}: {error}" if status else f"no answer: {error}")
+
+
+def nothing_answered(records: list, url: str) -> str:
+    """The one-line error of a test in which no request was answered, naming the first
+    failure (a server not running, on another port, refusing every request)."""
+    return (f"error: none of the {len(records):,} requests to {url} was answered; the first "
+            f"failed at {failure(records[0])}")
 
 
 def summarise(records: list, wall: float, expected: dict[int, str]) -> dict:
@@ -102,6 +123,8 @@ def summarise(records: list, wall: float, expected: dict[int, str]) -> dict:
     for number, _, _, text in wrong[:5]:
         print(f"line {number}: translate gives {expected[number]!r}, the server {text!r}",
               file=sys.stderr)
+    for record in [r for r in records if r[2] != 200][:5]:
+        print(failure(record), file=sys.stderr)
     return {"requests": len(records), "errors": len(records) - len(ok),
             "wrong_answers": len(wrong), "misrouted": len(misrouted), "seconds": round(wall, 1),
             "throughput_req_per_s": round(len(ok) / wall, 1),
@@ -126,10 +149,16 @@ def main() -> int:
     args = parser.parse_args()
     if urlparse(args.url).hostname not in LOCAL_HOSTS:
         parser.error("--url must be on this machine (127.0.0.1 or localhost)")
+    if args.clients < 1 or not args.seconds > 0:
+        parser.error("--clients must be at least 1 and --seconds above 0: nothing would be sent")
     lines = read_lines(args.input)
+    if not lines:
+        parser.error(f"--input {args.input} holds no lines to send")
     body = {"beam": args.beam, **({"model": args.model} if args.model else {})}
     records, wall = run_load(args.url + "/translate", lines, args.clients, args.seconds, body,
                              args.timeout)
+    if not any(record[2] == 200 for record in records):  # nothing to check against translate
+        sys.exit(nothing_answered(records, args.url))
     sent = sorted({record[0] for record in records})
     expected = dict(zip(sent, reference(args.checkpoint, [lines[i] for i in sent], args.beam,
                                         args.engine, args.precision)))

@@ -1,0 +1,78 @@
+"""scripts/load_test.py: a load test that could not check anything says why in one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def load_test():
+    spec = importlib.util.spec_from_file_location("load_test", REPO / "scripts/load_test.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def closed_port() -> int:
+    """A port on which nothing listens."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_server_that_answers_nothing_is_one_line_not_a_traceback(load_test, tmp_path,
+                                                                   monkeypatch, capsys):
+    """With no server on the port every request failed, and the percentiles of no latency
+    were a StatisticsError traceback, after translating the lines for nothing."""
+    lines = tmp_path / "in.de"
+    lines.write_text("Ein Hund.\nZwei Katzen.\n", encoding="utf-8")
+    url = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setattr(load_test, "reference", lambda *args: pytest.fail("nothing to check"))
+    monkeypatch.setattr(sys, "argv", ["load_test.py", "--url", url, "--checkpoint", "RUN",
+                                      "--input", str(lines), "--clients", "2", "--seconds", "0.1"])
+    with pytest.raises(SystemExit) as ended:
+        load_test.main()
+    message = str(ended.value.code)
+    assert message.startswith("error: none of the ") and "requests to " + url in message
+    assert "no answer:" in message and "refused" in message and "\n" not in message
+
+
+def test_one_answered_request_is_summarised(load_test, capsys):
+    """One request answered (the others refused) ended in a traceback: Python 3.11's
+    ``statistics.quantiles`` wants two latencies."""
+    records = [(0, 0.25, 200, "A dog."), (1, 0.01, 504, "Request timed out")]
+    summary = load_test.summarise(records, 1.0, {0: "A dog.", 1: "Two cats."})
+    assert summary["errors"] == 1 and summary["wrong_answers"] == 0
+    assert summary["p50_ms"] == summary["p99_ms"] == summary["max_ms"] == 250.0
+    assert "line 1: HTTP 504: Request timed out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--clients", "0"], "--clients must be at least 1"),
+    (["--seconds", "0"], "--seconds above 0"),
+])
+def test_a_test_that_would_send_nothing_is_refused(load_test, tmp_path, monkeypatch, capsys,
+                                                   argv, message):
+    lines = tmp_path / "in.de"
+    lines.write_text("Ein Hund.\n", encoding="utf-8")
+    monkeypatch.setattr(sys, "argv", ["load_test.py", "--checkpoint", "RUN", "--input",
+                                      str(lines), *argv])
+    with pytest.raises(SystemExit):
+        load_test.main()
+    assert message in capsys.readouterr().err
+
+
+def test_an_empty_input_is_refused(load_test, tmp_path, monkeypatch, capsys):
+    """Every client divided by the number of lines: a ZeroDivisionError traceback per thread."""
+    lines = tmp_path / "empty.de"
+    lines.write_text("", encoding="utf-8")
+    monkeypatch.setattr(sys, "argv", ["load_test.py", "--checkpoint", "RUN", "--input", str(lines)])
+    with pytest.raises(SystemExit):
+        load_test.main()
+    assert "holds no lines to send" in capsys.readouterr().err
