@@ -4,8 +4,9 @@ end a command."""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
@@ -49,6 +50,18 @@ def stop_signals_by_default() -> Iterator[None]:
     finally:
         for sig in taken:
             signal.signal(sig, raise_stopped)
+
+
+def run_script(main: Callable[[], int | None]) -> NoReturn:
+    """Run a script's ``main`` (scripts/) and exit with its status, an ``NMTError`` (a config or
+    run directory not found) as the command line has it: one line on stderr, status 1, where
+    the scripts ended in the error's traceback."""
+    try:
+        status = main()
+    except NMTError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(status)
 
 
 def first_line(err: BaseException) -> str:

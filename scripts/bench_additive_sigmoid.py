@@ -21,6 +21,7 @@ import torch
 from nmt.allocator import keep_freed_memory
 from nmt.attention import AdditiveScorer
 from nmt.data.corpus import load_corpus
+from nmt.errors import run_script
 from nmt.metrics import score_corpus
 from nmt.translator import Translator
 
@@ -77,4 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

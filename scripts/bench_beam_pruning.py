@@ -16,6 +16,7 @@ import time
 from nmt.allocator import keep_freed_memory
 from nmt.bench import count_rows
 from nmt.data.corpus import load_corpus
+from nmt.errors import run_script
 from nmt.metrics import score_corpus
 from nmt.translator import Translator
 
@@ -57,4 +58,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

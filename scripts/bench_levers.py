@@ -31,10 +31,12 @@ from stock_pieces import use_stock_pieces
 
 import nmt.models.rnn
 from nmt.allocator import keep_freed_memory
+from nmt.cli.options import positive_int
 from nmt.config import Config, load_config
 from nmt.data.batching import Batch, TokenBatchSampler, collate
 from nmt.data.module import PreparedData, prepare_data, split_dataset
 from nmt.data.tokenizer import PAD
+from nmt.errors import run_script
 from nmt.loss import smoothed_cross_entropy
 from nmt.models import build_model
 from nmt.trainer import training_precision
@@ -97,8 +99,8 @@ def real_batches(cfg: Config, count: int) -> tuple[PreparedData, list[Batch]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("config")
-    parser.add_argument("--steps", type=int, default=14)
-    parser.add_argument("--rounds", type=int, default=3, help="passes per variant, in turn; "
+    parser.add_argument("--steps", type=positive_int, default=14)
+    parser.add_argument("--rounds", type=positive_int, default=3, help="passes per variant, in turn; "
                         "the median counts (the allocator's is one pass, before the others)")
     args = parser.parse_args()
     cfg = load_config(args.config)
@@ -140,4 +142,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

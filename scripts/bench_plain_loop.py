@@ -34,10 +34,12 @@ import torch
 import torch.nn.functional as F
 from stock_pieces import use_stock_pieces
 
+from nmt.cli.options import positive_int, whole_number
 from nmt.config import Config, load_config
 from nmt.data.batching import Batch, TokenBatchSampler
 from nmt.data.module import prepare_data, split_dataset
 from nmt.data.tokenizer import PAD
+from nmt.errors import run_script
 from nmt.models import build_model
 from nmt.schedules import inverse_sqrt, warmup_cosine
 
@@ -131,14 +133,16 @@ def ours(config_path: str, steps: int, warmup: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("configs", nargs="+")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    parser.add_argument("--rounds", type=int, default=2, help="plain/ours pairs per config")
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed steps per measurement")
+    parser.add_argument("--warmup", type=whole_number, default=3, help="untimed steps first")
+    parser.add_argument("--rounds", type=positive_int, default=2, help="plain/ours pairs per config")
     parser.add_argument("--with-levers", action="store_true",
                         help="also time the plain loop with ours' allocator and precision")
     parser.add_argument("--stock", action="store_true",
                         help="also time the plain loop with PyTorch's stock pieces")
     args = parser.parse_args()
+    for path in args.configs:  # a bad one now, not after the others' measurements
+        load_config(path)
     loops = {"plain": (plain_loop, ())}  # name: (function, extra arguments), in run order
     if args.stock:
         loops["plain (stock)"] = (plain_loop, (False, True))
@@ -177,4 +181,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

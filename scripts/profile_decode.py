@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from nmt.allocator import keep_freed_memory
 from nmt.data.corpus import load_corpus
+from nmt.errors import run_script
 from nmt.translator import Translator
 
 
@@ -44,4 +45,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

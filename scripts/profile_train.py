@@ -16,7 +16,9 @@ from bench_levers import Variant, real_batches, seconds_per_step
 from torch.profiler import ProfilerActivity, profile
 
 from nmt.allocator import keep_freed_memory
+from nmt.cli.options import positive_int
 from nmt.config import load_config
+from nmt.errors import run_script
 from nmt.trainer import training_precision
 
 MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"}
@@ -25,8 +27,8 @@ MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addm
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # the first paragraph
     parser.add_argument("config")
-    parser.add_argument("--steps", type=int, default=6, help="profiled steps (plus a warm-up)")
-    parser.add_argument("--rows", type=int, default=18, help="operators shown")
+    parser.add_argument("--steps", type=positive_int, default=6, help="profiled steps (plus a warm-up)")
+    parser.add_argument("--rows", type=positive_int, default=18, help="operators shown")
     args = parser.parse_args()
     cfg = load_config(args.config)
     data, batches = real_batches(cfg, args.steps + 1)
@@ -48,4 +50,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)
