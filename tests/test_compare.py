@@ -1081,3 +1081,13 @@ def test_a_misspelt_baseline_is_a_one_line_error_before_anything_trains(tmp_path
         err = capsys.readouterr().err
         assert err.startswith("error: baselines: rnn: unknown attention 'additve'; choose one of: ")
         assert len(err.splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_tables_only_with_cost_is_refused_before_anything_is_benched(monkeypatch, tmp_path, capsys):
+    """--tables-only --cost ran the cost bench (20 minutes of the study's, which then replaced
+    its cost.json) though --tables-only says: train nothing, rebuild the tables."""
+    monkeypatch.setattr("nmt.compare.run_compare", lambda *args, **kwargs: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as ended:
+        main(["compare", "--preset", "study", "--tables-only", "--cost", "--out", str(tmp_path)])
+    assert ended.value.code == 2
+    assert "argument --cost: not allowed with argument --tables-only" in capsys.readouterr().err

@@ -94,13 +94,14 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
                          help="records, tables and figures (default study/<preset>)")
     compare.add_argument("--runs", type=path_option,
                          help="the cells' run directories (default checkpoints/study/<preset>)")
-    compare.add_argument("--tables-only", action="store_true",
-                         help="train nothing: rebuild tables and figures from the records (a "
-                              "record of another beam or other pictures is decoded again where "
-                              "its run directory is here)")
-    compare.add_argument("--cost", action="store_true",
-                         help="train nothing: bench each scorer's training cost (on a quiet "
-                              "machine), write <out>/cost.json, rebuild the tables")
+    what = compare.add_mutually_exclusive_group()  # each trains nothing; --cost benches
+    what.add_argument("--tables-only", action="store_true",
+                      help="train nothing: rebuild tables and figures from the records (a "
+                           "record of another beam or other pictures is decoded again where "
+                           "its run directory is here)")
+    what.add_argument("--cost", action="store_true",
+                      help="train nothing: bench each scorer's training cost (on a quiet "
+                           "machine), write <out>/cost.json, rebuild the tables")
     compare.add_argument("--jobs", type=positive_int, default=1,
                          help="cells trained at once, each in its own process with an equal share of "
                               "the CPU threads (for a GPU that one small cell leaves idle; default 1)")
