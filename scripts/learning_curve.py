@@ -11,13 +11,18 @@ import argparse
 import csv
 from pathlib import Path
 
+from nmt.errors import NMTError, run_script
 from nmt.plots import save_lines
 
 
 def curve(run_dir: Path) -> tuple[list[float], list[float]]:
-    """(wall minutes, validation BLEU) at each validation of the run."""
+    """(wall minutes, validation BLEU) at each validation of the run. A folder without logs
+    (a mistyped run) is a one-line error: it was drawn as an empty curve."""
     points = []
-    logs = (run_dir / "logs").glob("version_*/metrics.csv")
+    logs = list((run_dir / "logs").glob("version_*/metrics.csv"))
+    if not logs:
+        raise NMTError(f"{run_dir}: no training logs there (logs/version_*/metrics.csv): give a "
+                       "run directory")
     for log in sorted(logs, key=lambda path: int(path.parent.name.split("_")[1])):  # 2 before 10
         with open(log) as f:
             points += [(float(r["wall_minutes"]), float(r["val_bleu"])) for r in csv.DictReader(f)
@@ -38,4 +43,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -47,3 +47,13 @@ def test_a_count_of_nothing_is_refused_before_any_work(monkeypatch, capsys, scri
     monkeypatch.chdir(REPO)
     assert run_script(monkeypatch, script, *argv) == 2
     assert f"argument {option}: must be a whole number >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_a_learning_curve_of_no_run_is_one_line(monkeypatch, capsys, tmp_path):
+    """learning_curve.py of a mistyped run drew an empty learning_curve.png and printed the
+    name, as if the run had no validations yet."""
+    monkeypatch.chdir(tmp_path)
+    assert run_script(monkeypatch, "learning_curve.py", "runs/nope") == 1
+    assert capsys.readouterr().err == ("error: runs/nope: no training logs there "
+                                       "(logs/version_*/metrics.csv): give a run directory\n")
+    assert not (tmp_path / "learning_curve.png").exists()
