@@ -108,7 +108,9 @@ def cmd_bench_data(args: argparse.Namespace, overrides: list[str]) -> None:
 def add_bench_attention(what: argparse._SubParsersAction) -> None:
     bench_attention = what.add_parser("attention", help="each scorer's cost as length grows")
     bench_attention.set_defaults(run_command=cmd_bench_attention)
-    bench_attention.add_argument("--max-len", type=int, default=1024)
+    bench_attention.add_argument("--max-len", type=int, default=1024,
+                                 help="lengths timed: 16, 32, 64, ..., doubling up to this "
+                                 "(1000 stops at 512; default 1024)")
     bench_attention.add_argument("--batch", type=positive_int, default=2)
     bench_attention.add_argument("--heads", type=positive_int, default=4)
     bench_attention.add_argument("--head-dim", type=positive_int, default=32)
