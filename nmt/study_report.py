@@ -243,9 +243,11 @@ def _cell_text(row: dict, key: str) -> str:
     return "-" if value is None else str(value)
 
 
-def markdown(rows: list[dict], signature: str, test_sets: list[str], bootstrap: set[str]) -> str:
-    """One table per group; the footnote names the cells' ``test_sets`` and the signatures of
-    the paired ``bootstrap`` tests behind p boot (its number of resamples and seed)."""
+def markdown(rows: list[dict], signatures: list[str], test_sets: list[str],
+             bootstrap: set[str]) -> str:
+    """One table per group; the footnote names the cells' BLEU ``signatures`` and ``test_sets``
+    (each once) and the signatures of the paired ``bootstrap`` tests behind p boot (its number
+    of resamples and seed)."""
     lines = []
     for group in dict.fromkeys(r["group"] for r in rows):
         lines += [f"### {group}", "", "| " + " | ".join(t for t, _ in COLUMNS) + " |",
@@ -254,9 +256,11 @@ def markdown(rows: list[dict], signature: str, test_sets: list[str], bootstrap: 
                   for r in rows if r["group"] == group]
         lines.append("")
     tested = test_sets[0] if len(test_sets) == 1 else f"each cell's own test set ({', '.join(test_sets)})"
+    scored = (f"sacreBLEU `{signatures[0]}`" if len(signatures) == 1 else
+              "sacreBLEU as each cell was scored (`" + "`, `".join(signatures) + "`)")
     tests = "`, `".join(sorted(bootstrap))
     how = f" (sacreBLEU `{tests}`; bs: resamples, seed: their random seed)" if tests else ""
-    lines += [f"sacreBLEU `{signature}`, {tested}, beam search. BLEU: mean ± std over seeds; "
+    lines += [f"{scored}, {tested}, beam search. BLEU: mean ± std over seeds; "
               f"p boot: two-sided paired bootstrap{how} per seed against the same seed's "
               "baseline; p seeds: paired t-test across seeds against the baseline (- where the two "
               "share fewer than two seeds, or differ by the same BLEU on every seed: with no "
@@ -317,13 +321,14 @@ def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | 
     if not records:
         print("no recorded cells yet: nothing to table", flush=True)
         return []
-    first = next(iter(records.values()))
     p_boot, bootstrap = bootstrap_p_values(cfg, records, test_references(cfg, preset, extra or []))
     rows = summarise(cfg, records, p_boot)
     # as each cell was scored (records from before this was kept: as its config names it now)
     test_sets = sorted({record.get("test_set") or test_set_name(cell_data(cfg, preset, cell, extra or []))
                         for cell, record in records.items()})
-    table = markdown(rows, first["scores"]["bleu_signature"], test_sets, bootstrap)
+    # every signature the cells were scored with: the first alone hid another sacreBLEU version
+    signatures = sorted({record["scores"]["bleu_signature"] for record in records.values()})
+    table = markdown(rows, signatures, test_sets, bootstrap)
     if left_out_note:
         table += "\n" + left_out_note + "\n"
     if (out / "cost.json").is_file():

@@ -186,6 +186,24 @@ def test_a_seed_without_its_baseline_has_no_p_value_and_the_others_keep_theirs(s
     assert "| - / " + str(seed2) + " |" in (tmp_path / "a" / "compare.md").read_text()
 
 
+def test_the_footnote_names_every_bleu_signature_the_cells_were_scored_with(study, tmp_path):
+    """A cell scored by another sacreBLEU version: the footnote named the first record's
+    signature alone, as if every cell's BLEU were of it."""
+    run, out, files, folder = study
+    shutil.copytree(out / "a", tmp_path / "a", ignore=shutil.ignore_patterns("figures"))
+    path = tmp_path / "a" / "cells" / "rnn_dot_seed2" / "record.json"
+    record = json.loads(path.read_text())
+    ours = record["scores"]["bleu_signature"]
+    other = ours.rsplit("|version:", 1)[0] + "|version:1.5.1"
+    record["scores"]["bleu_signature"] = other
+    path.write_text(json.dumps(record) + "\n")
+    assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", "a", "--out",
+                 str(tmp_path / "a"), "--runs", str(tmp_path / "none"), "--tables-only"]) == 0
+    footnote = (tmp_path / "a" / "compare.md").read_text()
+    assert f"sacreBLEU as each cell was scored (`{other}`, `{ours}`)" in footnote
+    assert f"sacreBLEU `{ours}`, " not in footnote  # not the first record's as every cell's
+
+
 @pytest.mark.parametrize("change", ["a line added", "a line edited"])
 def test_references_changed_since_a_cell_was_scored_are_a_one_line_error(study, tmp_path, capsys,
                                                                          change):
