@@ -19,6 +19,7 @@ from nmt.data.corpus import check_file_languages, load_corpus, read_pairs
 from nmt.errors import NMTError
 from nmt.files import atomic_path
 from nmt.metrics import score_corpus
+from nmt.provenance import device_name
 from nmt.translator import Translator, decoding_options
 
 KEPT_DIR = "steps"  # nmt.average.STEPS_DIR, not imported: it would import Lightning (1-2 s)
@@ -86,15 +87,19 @@ def evaluation_pairs(data: DataConfig, split: str, files: tuple[str, str] | None
 def decoding_record(translator, run_dir: Path, beam: int | None = None,
                     alpha: float | None = None) -> dict:
     """How ``evaluate`` decodes, as its JSON records it: ``beam`` and ``alpha`` (default: the
-    run's), the engine, and for the torch engine its precision, prune margin and weights file
-    (see ``weights_name``), and an ensemble's other members. Known before anything is
-    decoded: the evaluation's file names are made of it."""
+    run's), the engine, the device (cpu, cuda:N) and its model (``device_name``: a GPU's
+    name, or the CPU's), the precision (an export's: CTranslate2's compute type), and for the
+    torch engine its prune margin and weights file (see ``weights_name``), and an ensemble's
+    other members. Known before anything is decoded: the evaluation's file names are made
+    of it."""
     beam, alpha = decoding_options(translator.config.decoding, beam, 1, alpha, len(translator.tokenizer))
-    record = {"beam": beam, "alpha": alpha,
-              "engine": "torch" if isinstance(translator, Translator) else "ctranslate2"}
-    if isinstance(translator, Translator):  # an exported model has fixed weights and precision
-        record.update(precision=translator.precision.precision,
-                      prune_margin=translator.config.decoding.prune_margin,
+    torch_engine = isinstance(translator, Translator)
+    record = {"beam": beam, "alpha": alpha, "engine": "torch" if torch_engine else "ctranslate2",
+              "device": str(translator.device), "device_name": device_name(translator.device),
+              "precision": (translator.precision.precision if torch_engine
+                            else translator.engine.compute_type)}
+    if torch_engine:  # an exported model has fixed weights
+        record.update(prune_margin=translator.config.decoding.prune_margin,
                       weights=weights_name(run_dir, translator.checkpoint))
         if translator.ensemble:
             record["ensemble"] = [str(path.resolve()) for path in translator.ensemble]
@@ -130,13 +135,15 @@ def margin_name(margin: float | None) -> str:
 
 def eval_file_stem(split: str, beam: int, weights: str | None = None, alpha: float | None = None,
                    precision: str | None = None, prune_margin: str | None = None,
-                   ensemble: list[str] = ()) -> str:
+                   ensemble: list[str] = (), device: str | None = None) -> str:
     """RUN/eval/<stem>.{hyp,json}: the split and beam, then each decoding option that was given
     (None: not given): the weights file as ``weights_name`` gives it (its stem; a file outside
     the run, or in a folder of it other than steps/, also a hash of its path, so that it never
     shares another file's names: evaluating old/step9.ckpt replaced steps/step9.ckpt's),
-    alpha, precision, the prune margin as ``margin_name`` writes it, and the other members of
-    an ensemble (their number with the run's, and a hash of their weights files' paths)."""
+    alpha, precision, the device as the record names it (cpu, cuda:1; written cpu, cuda1:
+    evaluating on the CPU and then on a GPU replaced the CPU's files), the prune margin as
+    ``margin_name`` writes it, and the other members of an ensemble (their number with the
+    run's, and a hash of their weights files' paths)."""
     parts = [f"{split}.beam{beam}"]
     if ensemble:
         parts.append(f"ensemble{len(ensemble) + 1}-{paths_hash(list(ensemble))}")
@@ -150,6 +157,8 @@ def eval_file_stem(split: str, beam: int, weights: str | None = None, alpha: flo
         parts.append(f"alpha{alpha:g}")
     if precision:
         parts.append(precision)
+    if device:
+        parts.append(device.replace(":", ""))  # no colon: a name scp and make read as a host or rule
     if prune_margin is not None:
         parts.append(f"prune-{prune_margin}")
     return ".".join(parts)

@@ -274,6 +274,8 @@ class CTranslate2Translator:
                       if "out of memory" in str(err).lower() else "export it again (nmt export)")
             raise NMTError(f"cannot load the CTranslate2 model in {model_dir}: {first_line(err)}; "
                            f"{advice}") from None
+        # where it decodes, named as the torch engine's Translator.device (cuda:N, cpu)
+        self.device = torch.device("cuda", device.index or 0) if device.type == "cuda" else device
 
     def encode_lines(self, lines: list[str], warn: bool = True, first_line: int = 1) -> list[list[int]]:
         """Piece ids per line, cut to what the model accepts (room left for EOS)."""

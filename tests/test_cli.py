@@ -384,6 +384,21 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatc
         assert "--prune-margin must be a number >= 0 or none" in err and err.count("\n") == 1
 
 
+def test_evaluate_on_a_device_asked_for_keeps_both_results_and_names_the_device(run):
+    """evaluate --device cpu and then --device cuda wrote the same files, each replacing the
+    other's, and no JSON said where it was decoded: --device gets its own files beside the
+    default's (cpu; cuda:1 as cuda1), and every JSON names the device and its model."""
+    args = ["evaluate", "--checkpoint", str(run), "--split", "test", "--beam", "2"]
+    assert main(args) == 0
+    default = (run / "eval" / "test.beam2.json").read_text()
+    assert main([*args, "--device", "cpu"]) == 0
+    assert (run / "eval" / "test.beam2.json").read_text() == default
+    for scores in (json.loads(default), json.loads((run / "eval" / "test.beam2.cpu.json").read_text())):
+        assert scores["device"] == "cpu" and scores["device_name"].startswith("CPU: ")
+        assert scores["precision"] == "32-true" and scores["sentences"] == 30
+    assert len((run / "eval" / "test.beam2.cpu.hyp").read_text().splitlines()) == 30
+
+
 @pytest.mark.parametrize("argv,message", [
     (["translate", "--checkpoint", "/nonexistent/run"], "checkpoint directory not found"),
     (["evaluate", "--checkpoint", "/nonexistent/run"], "checkpoint directory not found"),

@@ -47,6 +47,9 @@ def test_file_stem_names_each_option_given():
                           prune_margin=margin_name(None))
     assert stem == "val.beam4.step30.alpha1.bf16-mixed.prune-none"
     assert eval_file_stem("test", 2, prune_margin=margin_name(2.50)) == "test.beam2.prune-2.5"
+    # a device as the record names it, without the colon
+    assert eval_file_stem("test", 5, device="cuda:1") == "test.beam5.cuda1"
+    assert eval_file_stem("test", 5, precision="32-true", device="cpu") == "test.beam5.32-true.cpu"
 
 
 def test_weights_from_outside_the_run_never_share_the_runs_file_names():

@@ -182,6 +182,8 @@ def test_evaluate_with_ctranslate2_engine_scores_as_ours(run, exported):
         name = "test.beam1.32-true.json" if fp32 else "test.beam1.json"
         scores = json.loads((model / "eval" / name).read_text())
         assert scores["engine"] == engine  # the JSON says what decoded it
+        assert scores["device"] == "cpu" and scores["device_name"].startswith("CPU: ")
+        assert scores["precision"] == ("32-true" if fp32 else "float32")  # the export's float32
         bleu.append(scores["bleu"])
     assert bleu[0] == bleu[1]
 

@@ -376,8 +376,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     margin = margin_name(translator.config.decoding.prune_margin) if args.prune_margin else None
     weights = record.get("weights") if args.weights else None  # inside the run: relative
     name = files_name(*args.files) if args.files else split
+    device = record["device"] if args.device else None  # as decoded on: --device cuda is cuda:0
     stem = eval_file_stem(name, record["beam"], weights, args.alpha, args.precision, margin,
-                          record.get("ensemble", []))
+                          record.get("ensemble", []), device)
     with evaluation_writer(run_dir / "eval", stem) as write:
         hyps, scores = evaluate_split(translator, split, pairs, record, args.files)
         write(hyps, scores)
