@@ -23,6 +23,9 @@ from nmt.provenance import device_name
 from nmt.translator import Translator, decoding_options
 
 KEPT_DIR = "steps"  # nmt.average.STEPS_DIR, not imported: it would import Lightning (1-2 s)
+# What greedy search (beam 1) leaves unused: its one hypothesis needs no length penalty to
+# rank it, and no margin to prune beside it (nmt.search.greedy_search takes neither)
+BEAM_ONLY = ("alpha", "prune_margin")
 
 
 def split_pairs(data: DataConfig, split: str) -> tuple[list[str], list[str]]:
@@ -90,7 +93,8 @@ def decoding_record(translator, run_dir: Path, beam: int | None = None,
     run's), the engine, the device (cpu, cuda:N) and its model (``device_name``: a GPU's
     name, or the CPU's), the precision (an export's: CTranslate2's compute type), and for the
     torch engine its prune margin and weights file (see ``weights_name``), and an ensemble's
-    other members. Known before anything is decoded: the evaluation's file names are made
+    other members; at beam 1 neither alpha nor the margin, which greedy search leaves unused
+    (``BEAM_ONLY``). Known before anything is decoded: the evaluation's file names are made
     of it."""
     beam, alpha = decoding_options(translator.config.decoding, beam, 1, alpha, len(translator.tokenizer))
     torch_engine = isinstance(translator, Translator)
@@ -103,6 +107,9 @@ def decoding_record(translator, run_dir: Path, beam: int | None = None,
                       weights=weights_name(run_dir, translator.checkpoint))
         if translator.ensemble:
             record["ensemble"] = [str(path.resolve()) for path in translator.ensemble]
+    if beam == 1:
+        for option in BEAM_ONLY:
+            record.pop(option, None)
     return record
 
 
@@ -112,7 +119,7 @@ def evaluate_split(translator, split: str, pairs: tuple[list[str], list[str]], r
     of ``split`` of the run's corpus, or of ``files``), decoded as ``record`` says
     (``decoding_record``). The scores record the split or files, and the decoding."""
     sources, references = pairs
-    hyps = best_translations(translator, sources, record["beam"], record["alpha"])
+    hyps = best_translations(translator, sources, record["beam"], record.get("alpha"))  # greedy: none
     scores = score_corpus(hyps, references)
     if files:
         scores["files"] = [str(Path(path).resolve()) for path in files]

@@ -384,6 +384,21 @@ def test_evaluate_with_a_prune_margin_keeps_both_results(run, capsys, monkeypatc
         assert "--prune-margin must be a number >= 0 or none" in err and err.count("\n") == 1
 
 
+def test_greedy_evaluation_names_and_records_no_unused_option(run):
+    """evaluate --beam 1 --alpha 0.3 wrote test.beam1.alpha0.3.* beside test.beam1.*, the same
+    translations under another name, and every greedy JSON recorded a length penalty (and a
+    prune margin) that greedy search never uses: both are left out of greedy names and JSON."""
+    args = ["evaluate", "--checkpoint", str(run), "--split", "test", "--beam", "1"]
+    assert main(args) == 0
+    default = (run / "eval" / "test.beam1.hyp").read_text()
+    assert main([*args, "--alpha", "0.3", "--prune-margin", "none"]) == 0
+    assert sorted(p.name for p in (run / "eval").glob("test.beam1*")) == ["test.beam1.hyp",
+                                                                          "test.beam1.json"]
+    assert (run / "eval" / "test.beam1.hyp").read_text() == default
+    scores = json.loads((run / "eval" / "test.beam1.json").read_text())
+    assert "alpha" not in scores and "prune_margin" not in scores and scores["beam"] == 1
+
+
 def test_evaluate_on_a_device_asked_for_keeps_both_results_and_names_the_device(run):
     """evaluate --device cpu and then --device cuda wrote the same files, each replacing the
     other's, and no JSON said where it was decoded: --device gets its own files beside the
