@@ -68,11 +68,17 @@ class Scorer(nn.Module, ABC):
     ) -> tuple[Tensor, Tensor | None]:
         """Masked attention: (..., T, Dq), prepared keys (..., S, D'), values (..., S, Dv),
         mask broadcastable to (..., T, S), True = may attend -> context (..., T, Dv) and
-        weights (..., T, S) (None when not needed and the scorer can skip them)."""
+        weights (..., T, S) (None when not needed and the scorer can skip them). A query
+        whose mask hides every key gets zero weights and a zero context."""
         logits = self.score(query, keys)
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(logits, dim=-1)
+        if mask is not None:
+            # softmax over a row of -inf is NaN, which a padded query's row (a family's
+            # (B, T, S) mask that hides padded queries' keys) would carry into the gradient:
+            # zeros, as torch's fused scaled_dot_product_attention gives such rows
+            weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # (..., T, S)
         context = apply_dropout(weights, dropout, self.training) @ values
         return context, weights
 

@@ -29,6 +29,36 @@ def test_masked_keys_get_zero_weight_and_rows_sum_to_one(name):
     torch.testing.assert_close(context2[1], context[1])
 
 
+@pytest.mark.parametrize("name", list(SCORERS))
+def test_a_query_that_may_attend_to_nothing_gets_zeros_not_nan(name):
+    """A (B, T, S) mask hiding every key from a query (a padded query's row) gave NaN
+    weights and context on the explicit path, NaN gradients with them, where the fused
+    kernel gives zeros: now zeros on both, the other rows as before, gradients finite."""
+    torch.manual_seed(0)
+    scorer = build_scorer(name, 8, 8, 8)
+    query, keys = torch.randn(2, 3, 8, requires_grad=True), torch.randn(2, 5, 8)
+    mask = torch.ones(2, 3, 5, dtype=torch.bool)
+    mask[1, 2] = False  # sentence 1's last query: every key hidden
+    context, weights = scorer.attend(query, scorer.prepare_keys(keys), keys, mask)
+    assert torch.all(weights[1, 2] == 0) and torch.all(context[1, 2] == 0)
+    torch.testing.assert_close(weights[0].sum(-1), torch.ones(3))
+    context.sum().backward()
+    assert torch.isfinite(query.grad).all()
+
+
+@pytest.mark.parametrize("name", ["scaled_dot", "symmetric"])
+def test_a_query_that_may_attend_to_nothing_gets_the_fused_kernels_answer(monkeypatch, name):
+    monkeypatch.setattr(ScaledDotScorer, "FUSED_CPU_MIN_SCORES", 0)  # fused at every size
+    torch.manual_seed(0)
+    scorer = build_scorer(name, 16, 16, 16)
+    q, k, v = torch.randn(2, 4, 3, 16), torch.randn(2, 4, 7, 16), torch.randn(2, 4, 7, 16)
+    mask = torch.ones(2, 1, 3, 7, dtype=torch.bool)
+    mask[0, :, 1] = False
+    fused, _ = scorer.attend(q, k, v, mask, need_weights=False)
+    explicit, _ = scorer.attend(q, k, v, mask, need_weights=True)
+    torch.testing.assert_close(fused, explicit)
+
+
 def test_additive_is_bahdanau_formula():
     torch.manual_seed(0)
     scorer = build_scorer("additive", 4, 6, 5)
