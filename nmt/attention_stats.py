@@ -40,16 +40,22 @@ def attention_kind(module_name: str) -> str:
     return "decoder" if "self_attn" in module_name else "cross"
 
 
-def attention_key_size(model_cfg: dict) -> int:
-    """The size of the keys (and queries) the model's cross-attention scores, d_k: d_model /
-    heads in a Transformer, hidden_size in the RNN, and whatever a new family's scorer is built
-    with; read from the model of the config section, built on the meta device (shapes only),
-    so that no family's option names are needed. A config no family builds, or whose model
-    attends to nothing, is an NMTError."""
+def shape_model(model_cfg: dict) -> nn.Module:
+    """The model of a config section, built on the meta device: its modules and shapes, no
+    weights and no memory, so that what a family attends with is read from the family itself
+    (no option names) in milliseconds. A config no family builds is an NMTError."""
     from nmt.models import build_model  # late: the models are not needed for the statistics
 
     with torch.device("meta"):
-        model = build_model(model_cfg, vocab_size=8)  # any vocabulary: its size is not d_k's
+        return build_model(model_cfg, vocab_size=8)  # any vocabulary: attention does not use it
+
+
+def attention_key_size(model_cfg: dict) -> int:
+    """The size of the keys (and queries) the model's cross-attention scores, d_k: d_model /
+    heads in a Transformer, hidden_size in the RNN, and whatever a new family's scorer is built
+    with; read from the ``shape_model`` of the config section. A config no family builds, or
+    whose model attends to nothing, is an NMTError."""
+    model = shape_model(model_cfg)
     sizes = [module.key_dim for name, module in model.named_modules()
              if isinstance(module, Scorer) and attention_kind(name) == "cross"]
     if not sizes:  # a family may attend to nothing: no statistics, no d_k to table
@@ -198,15 +204,16 @@ def translation_attention(translator, line: str, translation, kind: str) -> tupl
     return weights[kind], translation.pieces + ["</s>"], ["<s>"] + translation.pieces
 
 
-def attention_layout(translator, kind: str) -> tuple[int, int]:
+def attention_layout(model: nn.Module | None, kind: str) -> tuple[int, int]:
     """(layers, heads) of the maps ``translation_attention`` gives of ``kind``, read from the
-    model before anything is decoded: (1, 1) for an RNN's one map and for CTranslate2's (the
+    torch engine's ``model`` (its ``shape_model`` does: the check comes before the weights
+    load), or None for CTranslate2's: (1, 1) for an RNN's one map and for CTranslate2's (the
     last layer's mean over heads; cross-attention only)."""
-    if not hasattr(translator, "model"):  # CTranslate2 reports the cross-attention alone
+    if model is None:  # CTranslate2 reports the cross-attention alone
         if kind != "cross":
             raise NMTError(f"--attention-kind {kind} needs the torch engine")
         return 1, 1
-    modules = list(translator.model.named_modules())
+    modules = list(model.named_modules())
     kinds = dict.fromkeys(attention_kind(name) for name, m in modules if isinstance(m, Scorer))
     if kind not in kinds:
         raise NMTError(f"this model has no {kind} self-attention (only: {', '.join(kinds)})")

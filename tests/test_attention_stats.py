@@ -4,7 +4,6 @@ every kind from a teacher-forced pass, and the self-attention pictures of ``tran
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from nmt.attention import Scorer, build_scorer
 from nmt.attention_stats import (
     AttentionRecorder,
     attention_layout,
+    shape_model,
     teacher_forced_weights,
     translation_attention,
 )
@@ -23,7 +23,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError
 from nmt.translator import Translator
 
-from .conftest import tiny_model
+from .conftest import TINY, tiny_model
 from .test_cli import corpus, run  # noqa: F401  (module-scoped fixtures: a tiny trained run)
 
 
@@ -97,18 +97,20 @@ def test_teacher_forced_weights_shapes_and_causality(family, src, tgt):
 
 @pytest.mark.parametrize("family", ["rnn", "transformer"])
 def test_attention_layout_is_known_before_decoding(family):
-    """attention_layout reads from the model the (layers, heads) the weights then have."""
+    """attention_layout reads from the model the (layers, heads) the weights then have, and
+    from the same config's shape_model (no weights) the same."""
     model = tiny_model(family, "scaled_dot")
     weights = teacher_forced_weights(model, [5, 6, 7], [9, 10])
-    translator = SimpleNamespace(model=model)
+    shapes = shape_model({**TINY[family], "attention": "scaled_dot"})
     for kind in weights:
-        assert attention_layout(translator, kind) == tuple(weights[kind].shape[:2])
+        assert attention_layout(model, kind) == attention_layout(shapes, kind) == \
+            tuple(weights[kind].shape[:2])
     if family == "rnn":
         with pytest.raises(NMTError, match="no encoder self-attention"):
-            attention_layout(translator, "encoder")
-    assert attention_layout(SimpleNamespace(), "cross") == (1, 1)  # CTranslate2: one map
+            attention_layout(model, "encoder")
+    assert attention_layout(None, "cross") == (1, 1)  # CTranslate2: one map
     with pytest.raises(NMTError, match="needs the torch engine"):
-        attention_layout(SimpleNamespace(), "decoder")
+        attention_layout(None, "decoder")
 
 
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])
@@ -195,6 +197,29 @@ def test_bad_attention_options_fail_before_translating(run, tmp_path, monkeypatc
                  "pics", *options, "--beam", "1"]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--attention-layer", "5"], "no attention layer 5 / head mean in this model: it has 1 layer and 2"),
+    (["--attention-kind", "decoder", "--attention-head", "3"], "no attention layer -1 / head 3"),
+    (["--attention-head", "first"], "--attention-head must be mean, all or a head number"),
+])
+def test_bad_attention_options_fail_before_the_model_loads(run, tmp_path, monkeypatch, capsys,
+                                                           options, message):
+    """--attention-layer 5 of a one-layer model was refused only once the model had loaded
+    and --precision auto had timed it (seconds, more for an ensemble): like the other
+    decoding options, it is now checked first, against the layout the run's config builds."""
+    def no_loading(*args, **kwargs):
+        raise AssertionError("loaded the model before the options were checked")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Translator, "from_run_dir", no_loading)
+    (tmp_path / "in.txt").write_text("haus mann katze\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(run), "--input", "in.txt", "--plot-attention",
+                 "pics", *options]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "pics").exists()
 
 
 @pytest.mark.parametrize("option", [["--attention-layer", "0"], ["--attention-head", "all"],

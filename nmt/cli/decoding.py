@@ -243,11 +243,12 @@ def cmd_translate(args: argparse.Namespace) -> None:
     picture_options(args)
     check_output_is_not_input(args.input, args.output)
     args.nbest = check_decoding_args(args, args.nbest)
+    check_picture_choice(args)
     # The input and the output are opened before the model loads and --precision auto times
     # it (seconds, more for an ensemble): a mistyped --input was an error only after that
     with open_input(args.input) as stream, output_writer(args.output) as write:
         translator = open_translator(args, sentences=args.buffer_lines)
-        with attention_pictures(translator, args, streamed=written_through(args.output) is not None):
+        with attention_pictures(args, streamed=written_through(args.output) is not None):
             first = 1  # the input's number of the chunk's first line
             for lines in input_chunks(stream, args.buffer_lines, args.input or "stdin"):
                 write(translate_chunk(translator, lines, first, args))
@@ -306,10 +307,25 @@ def picture_options(args: argparse.Namespace) -> None:
             setattr(args, name, default)
 
 
+def check_picture_choice(args: argparse.Namespace) -> None:
+    """--attention-kind, -layer and -head (with --plot-attention) checked against the run's
+    model before it loads and --precision auto times it (seconds, more for an ensemble): a
+    layer it lacks was an error only after that. The layout is read from the model its
+    config builds on the meta device (no weights); an export's is CTranslate2's one map."""
+    if args.plot_attention is None:
+        return
+    from nmt.attention_stats import attention_layout, shape_model
+    from nmt.plots import check_attention_choice
+
+    model = shape_model(run_config(args.checkpoint).model) if args.engine == "torch" else None
+    layers, heads = attention_layout(model, args.attention_kind)
+    check_attention_choice(layers, heads, args.attention_layer, args.attention_head)
+
+
 @contextmanager
-def attention_pictures(translator, args: argparse.Namespace, streamed: bool) -> Iterator[None]:
-    """The block that translates, with --plot-attention's options checked and its folder
-    made first (``check_plot_options``). Where the block fails or is stopped and the
+def attention_pictures(args: argparse.Namespace, streamed: bool) -> Iterator[None]:
+    """The block that translates, with --plot-attention's folder made first
+    (``make_picture_folder``). Where the block fails or is stopped and the
     translations go to a file, which is then not written, the pictures it drew go too, with
     the folders made for them: left, they made the same command run again refuse the folder
     as holding an earlier input's pictures. Translations ``streamed`` (written through to
@@ -318,12 +334,12 @@ def attention_pictures(translator, args: argparse.Namespace, streamed: bool) -> 
         yield
         return
     if streamed:
-        check_plot_options(translator, args)
+        make_picture_folder(args.plot_attention)
         yield
         return
     folder = Path(args.plot_attention)
     with made_folders_removed_on_failure(folder / PICTURES):  # the folder and those above it
-        check_plot_options(translator, args)  # the folder holds no pictures now
+        make_picture_folder(args.plot_attention)  # the folder holds no pictures now
         try:
             yield
         except BaseException:
@@ -332,23 +348,18 @@ def attention_pictures(translator, args: argparse.Namespace, streamed: bool) -> 
             raise
 
 
-def check_plot_options(translator, args: argparse.Namespace) -> None:
-    """The --plot-attention options, checked against the model before anything is translated
-    (a bad one fails at once, not after the whole input); makes the pictures' folder."""
-    from nmt.attention_stats import attention_layout
-    from nmt.plots import check_attention_choice
-
-    layers, heads = attention_layout(translator, args.attention_kind)
-    check_attention_choice(layers, heads, args.attention_layer, args.attention_head)
-    folder = Path(args.plot_attention)
+def make_picture_folder(name: str) -> None:
+    """Make --plot-attention's folder ``name`` before anything is translated (a place it
+    cannot go fails at once, not after the whole input); one holding pictures is refused."""
+    folder = Path(name)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         earlier = sorted(p.name for p in folder.glob(PICTURES))
     except OSError as err:
-        raise NMTError(f"--plot-attention {args.plot_attention}: cannot make a folder there "
+        raise NMTError(f"--plot-attention {name}: cannot make a folder there "
                        f"({err.strerror})") from None
     if earlier:  # they would stand beside the new ones as if of this input
-        raise NMTError(f"--plot-attention {args.plot_attention} holds pictures of an earlier "
+        raise NMTError(f"--plot-attention {name} holds pictures of an earlier "
                        f"input ({earlier[0]}, ...): name a new folder, or empty this one")
 
 
