@@ -116,15 +116,39 @@ def remove_empty(folders: list[Path]) -> None:
 
 
 def save_atomic(obj: object, path: str | Path) -> None:
-    """``torch.save`` through ``atomic_path``. torch reports a failed write (a full disk, a
-    file size limit) as a RuntimeError, which becomes a one-line error here."""
+    """``torch.save`` through ``atomic_path``: a failed write (a full disk, a file size
+    limit) is a one-line error naming its cause, and leaves no half-written file."""
     import torch  # here: the CLI's parsing imports this module (nmt.config), and no torch
 
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp, open(tmp, "wb") as file:
+        writer = WriteErrorKept(file)
         try:
-            torch.save(obj, tmp)
+            torch.save(obj, writer)
         except RuntimeError as err:
+            if writer.error:  # the write's own error, which atomic_path reports
+                raise writer.error from None
+            # an object torch cannot save
             raise NMTError(f"cannot write {path}: {str(err).splitlines()[0]}") from None
+
+
+class WriteErrorKept:
+    """A binary file for ``torch.save`` that keeps the first error of its writes. Given a
+    path, or a file whose write fails, torch reports its own check instead ("[enforce fail
+    at inline_container.cc:672] . unexpected pos 64 vs 0"), the cause (a full disk, a file
+    size limit) lost."""
+
+    def __init__(self, file: BinaryIO):
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def write_atomic(path: str | Path, text: str) -> None:

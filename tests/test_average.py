@@ -324,11 +324,29 @@ def test_an_average_may_go_under_a_folder_that_is_not_a_run(tmp_path):
     assert out.is_file()
 
 
-def test_a_failed_write_of_the_average_is_a_one_line_error(tmp_path):
-    """torch.save reports a full disk (or a file size limit) as a RuntimeError: a traceback."""
+def test_a_failed_write_of_the_average_is_a_one_line_error(tmp_path, capsys):
+    """torch.save reports a full disk (or a file size limit) as a RuntimeError: a traceback,
+    then torch's own check, 'cannot write /dev/full: [enforce fail at inline_container.cc:672]
+    . unexpected pos 64 vs 0'; now the cause, in one line."""
     _save(tmp_path / "steps" / "step9.ckpt", {"model.w": torch.ones(2)})
-    with pytest.raises(NMTError, match="cannot write /dev/full: "):
-        average_run(tmp_path, out=Path("/dev/full"))
+    assert main(["average", "--checkpoint", str(tmp_path), "--out", "/dev/full"]) == 1
+    assert capsys.readouterr().err == "error: cannot write /dev/full: No space left on device\n"
+
+
+def test_an_average_cut_short_by_a_file_size_limit_leaves_nothing_half_written(tmp_path):
+    """A regular file that cannot grow (a file size limit here, a full disk alike): the cause
+    in one line, and neither the file nor its temporary one left behind."""
+    _save(tmp_path / "steps" / "step9.ckpt", {"model.w": torch.ones(100_000)})
+    code = f"""if True:
+        import resource, signal, sys
+        from nmt.cli import main
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
+        sys.exit(main(["average", "--checkpoint", {str(tmp_path)!r}]))"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr == f"error: cannot write {tmp_path / 'averaged.ckpt'}: File too large\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["steps"]
 
 
 def test_an_average_that_cannot_be_written_leaves_no_temporary_file(tmp_path):
@@ -362,8 +380,9 @@ def test_an_average_stopped_part_of_the_way_leaves_no_file_behind(tmp_path, stop
         import os, sys, torch
         from nmt.cli import main
 
-        def stopped_half_way(obj, path, *args, **kwargs):
-            open(path, "wb").write(b"half")
+        def stopped_half_way(obj, file, *args, **kwargs):  # save_atomic gives an open file
+            file.write(b"half")
+            file.flush()
             os.kill(os.getpid(), {int(stop)})
 
         torch.save = stopped_half_way
