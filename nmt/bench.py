@@ -319,7 +319,7 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
     if recompute and "torch" in engines:  # greedy: in the greedy rows' precision, where there are some
         rows.append(_recompute_row(torch_decoders.get(1, [translator])[0], corpus["src"]))
     return {"bench": "decode", "run": str(run_dir),
-            "ensemble": [str(path) for path in translator.ensemble],
+            "ensemble": [str(run) for run in ensemble],  # the runs, named as "run" is
             "split": split, "sentences": len(corpus["src"]),
             "passes": repeat, "prune_margin": translator.config.decoding.prune_margin,
             "rows": rows, "peak_rss_mb": round(peak_memory_mb(), 1),

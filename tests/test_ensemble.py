@@ -165,7 +165,8 @@ def test_runs_that_cannot_decode_as_one_are_refused_in_one_line(runs, tmp_path, 
 
 def test_bench_decode_times_an_ensemble(runs, capsys, monkeypatch):
     """bench decode --ensemble decodes with the ensemble, as evaluate --ensemble does, and
-    names the members."""
+    names the members' runs as it names the run (it named their checkpoint files, the run
+    it was given by its directory)."""
     a, b = str(runs / "a"), str(runs / "b")
     fp32 = ["--precision", "32-true", "--beam", "2"]
     assert main(["evaluate", "--checkpoint", a, "--ensemble", b, *fp32]) == 0
@@ -178,7 +179,7 @@ def test_bench_decode_times_an_ensemble(runs, capsys, monkeypatch):
     assert main(["bench", "decode", "--checkpoint", a, "--ensemble", b, *fp32, "--repeat", "1"]) == 0
     assert steps  # the ensemble decoded
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert summary["ensemble"] == [str((runs / "b" / "best.ckpt").resolve())]
+    assert summary["run"] == a and summary["ensemble"] == [b]
     [beam2] = [row for row in summary["rows"] if row["mode"] == "beam2"]
     assert beam2["bleu"] == pytest.approx(json.loads(written.read_text())["bleu"], abs=0.01)
     assert main(["bench", "decode", "--checkpoint", a, "--ensemble", b,
