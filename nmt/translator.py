@@ -44,7 +44,9 @@ def moses_nbest(results: list[list[Translation]], first_id: int = 0) -> list[str
     """Moses n-best lines ``id ||| text ||| features ||| score``, id counting input lines
     from 0 (``first_id``: the id of ``results[0]``, where the input comes in chunks).
     Features: ``logprob=`` the model's log-probability of the text's pieces + EOS, ``lp=`` the
-    length penalty it was divided by; score = logprob / lp."""
+    length penalty it was divided by; score = logprob / lp. The text is written as is (as
+    Moses and Marian do): the fields around it never hold " ||| ", so a text that does is
+    read back by splitting on the first separator and the last two (README, N-best lists)."""
     rows = []
     for number, hyps in enumerate(results, start=first_id):
         for t in hyps:

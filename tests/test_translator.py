@@ -25,6 +25,16 @@ def test_moses_nbest_has_four_fields_and_score_is_logprob_over_lp():
         assert float(score) == pytest.approx(logprob / lp, abs=1e-4)
 
 
+def test_an_nbest_text_holding_the_separator_is_written_as_is_and_read_back():
+    """As Moses' decoder and Marian: no escaping; the README's reading (id before the first
+    separator, features and score after the last two) gives the text back whole."""
+    text = "a ||| b |||"
+    [row] = moses_nbest([[Translation(text, -0.5, ["▁a"], log_prob=-1.0, length_penalty=2.0)]], 7)
+    number, rest = row.split(" ||| ", 1)
+    read, features, score = rest.rsplit(" ||| ", 2)
+    assert (number, read, features, score) == ("7", text, "logprob= -1.0000 lp= 2.0000", "-0.5000")
+
+
 def test_decoding_device_is_checked_against_the_machine(monkeypatch):
     """A two-GPU machine, played: the index is kept (serve's workers each take their own GPU)
     and checked; other device kinds are refused."""
