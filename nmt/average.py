@@ -18,6 +18,7 @@ from nmt.callbacks import RunCheckpoint
 from nmt.config import existing_run_dir
 from nmt.errors import NMTError, first_line
 from nmt.files import refuse_export, save_atomic
+from nmt.run_identity import IDENTITY_KEY, check_identity, identity_of_run
 from nmt.translator import final_weights_of
 
 STEPS_DIR = "steps"  # RUN/steps/step<global step>.ckpt, written by training
@@ -69,14 +70,23 @@ def final_weights(run_dir: str | Path, keep: int) -> tuple[str, str]:
     return "averaged.ckpt", f"best.ckpt (update {best_step:,}) is older than {span}: {mean}"
 
 
-def average_state_dicts(paths: list[Path]) -> dict[str, torch.Tensor]:
+def average_state_dicts(paths: list[Path], run_dir: Path | None = None
+                        ) -> tuple[dict[str, torch.Tensor], dict | None]:
     """Element-wise mean of the ``state_dict`` of each checkpoint, accumulated in float64
     and cast back to each tensor's dtype; tensors that are not floating point (counters)
-    must agree and are kept as they are. Loads one checkpoint at a time."""
+    must agree and are kept as they are. Loads one checkpoint at a time; each must have been
+    trained for ``run_dir``, the run they are averaged for, where given (``check_identity``).
+    Returns the mean and the identity the checkpoints hold (None where none holds one: written
+    before identities were kept), for the average to carry."""
+    expected = None if run_dir is None else identity_of_run(run_dir)
     total: dict[str, torch.Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
+    identity = None
     for path in paths:
-        state = _load(path)["state_dict"]
+        checkpoint = _load(path)
+        check_identity(checkpoint, expected, path, run_dir)
+        identity = checkpoint.get(IDENTITY_KEY, identity)
+        state = checkpoint["state_dict"]
         if total and (state.keys() != total.keys()
                       or any(value.shape != total[key].shape for key, value in state.items())):
             raise NMTError(f"{path} holds other weights than {paths[0]}: not the same model")
@@ -88,14 +98,16 @@ def average_state_dicts(paths: list[Path]) -> dict[str, torch.Tensor]:
                 total[key] = value
             else:
                 total[key] = total.get(key, 0) + value.double()
-    return {key: (value / len(paths)).to(dtypes[key]) if value.is_floating_point() else value
+    mean = {key: (value / len(paths)).to(dtypes[key]) if value.is_floating_point() else value
             for key, value in total.items()}
+    return mean, identity
 
 
 def average_run(run_dir: str | Path, last: int | None = None,
                 out: str | Path | None = None) -> tuple[Path, list[Path]]:
     """Average the last ``last`` (default: all) kept checkpoints of ``run_dir`` into ``out``
-    (default RUN/averaged.ckpt). Returns the file written and the checkpoints averaged."""
+    (default RUN/averaged.ckpt), which carries their identity (``nmt.run_identity``). Returns
+    the file written and the checkpoints averaged."""
     run_dir = existing_run_dir(run_dir)
     refuse_export(run_dir, "nmt average takes a training run")
     paths = step_checkpoints(run_dir)
@@ -109,8 +121,10 @@ def average_run(run_dir: str | Path, last: int | None = None,
     paths = paths[-last:] if last else paths
     out = Path(out) if out else run_dir / "averaged.ckpt"
     check_average_target(run_dir, out, paths)
-    averaged = {"state_dict": average_state_dicts(paths),
-                "nmt_averaged": [path.name for path in paths]}
+    state, identity = average_state_dicts(paths, run_dir)
+    averaged = {"state_dict": state, "nmt_averaged": [path.name for path in paths]}
+    if identity is not None:
+        averaged[IDENTITY_KEY] = identity
     save_atomic(averaged, out)  # a reader never sees half a file
     return out, paths
 

@@ -31,6 +31,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError, first_line
 from nmt.files import remove_empty, write_atomic
 from nmt.models import MODELS
+from nmt.run_identity import check_identity, run_identity
 
 # Options that may change between the segments of a resumed run: budgets, validation and
 # logging cadence, loader processes, decoding. Every other option decides the trajectory.
@@ -67,8 +68,9 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 def check_resumable(config: Config, run_dir: Path) -> Path | None:
     """last.ckpt if the run directory holds an earlier segment of this run; an error naming
-    the first option that differs if it was trained with other trajectory options, and one
-    if it holds checkpoints that cannot be resumed (a new run would overwrite them)."""
+    the first option that differs if it was trained with other trajectory options, one where
+    last.ckpt is another run's (copied in: ``check_identity``), and one if it holds
+    checkpoints that cannot be resumed (a new run would overwrite them)."""
     last = run_dir / "last.ckpt"
     saved = run_dir / "config.yaml"
     if not last.is_file() or not saved.is_file():
@@ -95,6 +97,9 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
                 f"{run_dir} holds a run trained with {key}={before.get(key)!r}, not "
                 f"{now.get(key)!r}; resume it with the same value, or choose another --run-dir"
             )
+    if (run_dir / "spm.model").is_file():  # else check_vocabulary says it is missing
+        check_identity(load_mapped(last), run_identity(config, Tokenizer(run_dir / "spm.model")),
+                       last, run_dir)
     return last
 
 

@@ -64,6 +64,7 @@ from nmt.resume import (
     run_lock,
     time_spent,
 )
+from nmt.run_identity import IDENTITY_KEY, run_identity
 from nmt.schedules import SCHEDULERS, SCHEDULES, steps_per_epoch
 from nmt.search import greedy_search
 from nmt.trainer import BEST_METRICS, build_trainer, check_device_options, max_time
@@ -81,11 +82,15 @@ class TranslationModule(L.LightningModule):
         decoding: DecodingConfig,
         val_references: list[str],
         seed: int,
+        identity: dict[str, str] | None = None,
     ):
+        """``identity``: the run's (``nmt.run_identity``), written into every checkpoint so that
+        loaders refuse it in another run; None (benchmarks) writes none."""
         super().__init__()
         self.model, self.tokenizer = model, tokenizer
         self.optim, self.decoding = optim, decoding
         self.val_references, self.seed = val_references, seed
+        self.identity = identity
         # Totals of the epochs ended so far, resumed segments included, and the wall time of
         # the segments before this one (kept in checkpoints); ``run_totals`` adds the rest.
         self.totals = {"tgt_tokens": 0, "step_seconds": 0.0, "wall_seconds": 0.0}
@@ -189,6 +194,8 @@ class TranslationModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["nmt_totals"] = self.run_totals()
         checkpoint["nmt_segments"] = self.segments
+        if self.identity is not None:
+            checkpoint[IDENTITY_KEY] = self.identity
         # Each process a whole copy of the weights (one device, DDP itself): a sharded
         # strategy's pieces (FSDP; DeepSpeed, which subclasses DDPStrategy) are not to be
         # averaged, and its group restarts empty on resume, as Lightning's does
@@ -483,7 +490,7 @@ def train_into(config: Config, run_dir: Path) -> None:
     check_batches_per_process(datamodule, config, trainer.world_size)
     write_run_files(config, run_dir, data, new_run=resume_from is None)
     module = TranslationModule(model, data.tokenizer, config.optim, config.decoding, references,
-                               config.seed)
+                               config.seed, run_identity(config, data.tokenizer))
     print_effective_batch(config, trainer)
     print_model_size(model, trainer)
     if trainer.is_global_zero:

@@ -26,6 +26,7 @@ from nmt.files import refuse_export
 from nmt.models import build_model, scorer_of
 from nmt.models.ensemble import Ensemble
 from nmt.precision import autocast_dtype, decoding_precision
+from nmt.run_identity import check_identity, identity_of_run
 from nmt.search import Hypothesis, beam_search, greedy_search
 
 
@@ -223,20 +224,26 @@ def load_run(run_dir: str | Path, device: torch.device, weights: str | Path | No
     tokenizer = Tokenizer(run_dir / "spm.model")
     model = build_model(config.model, len(tokenizer))
     path = find_checkpoint(run_dir, weights)
-    load_weights(model, path, device)
+    load_weights(model, path, device, run_dir=run_dir)
     return model.to(device), tokenizer, config, path
 
 
 def load_weights(model: torch.nn.Module, path: Path, device: torch.device | str,
-                 mapped: bool = False) -> None:
+                 mapped: bool = False, run_dir: Path | None = None) -> None:
     """The weights of checkpoint ``path`` into ``model``; a one-line error where they do not
-    fit it or are not finite. ``mapped``: the file memory-mapped and its tensors assigned, not
-    copied (a model on the meta device is then checked with one read of the file)."""
+    fit it or are not finite, or where they were trained for another run than ``run_dir``,
+    the run whose model it is (``check_identity``). ``mapped``: the file memory-mapped and its
+    tensors assigned, not copied (a model on the meta device is then checked with one read
+    of the file)."""
+    expected = None if run_dir is None else identity_of_run(run_dir)
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=False,
                                 mmap=mapped and zipfile.is_zipfile(path))
+        check_identity(checkpoint, expected, path, run_dir)
         state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()}
         model.load_state_dict(state, assign=mapped)
+    except NMTError:  # check_identity's
+        raise
     except OSError as err:  # not the file's fault (no read permission, a failing disk)
         raise NMTError(f"cannot read {path}: {err.strerror or err}") from None
     except Exception as err:  # unpickling, missing keys, shape mismatches, ...
@@ -258,7 +265,7 @@ def check_run_weights(run_dir: str | Path, weights: str | Path | None = None) ->
     with torch.device("meta"):
         model = build_model(config.model, len(Tokenizer(run_dir / "spm.model")))
     path = find_checkpoint(run_dir, weights, warn=False)  # the workers' load warns
-    load_weights(model, path, "cpu", mapped=True)
+    load_weights(model, path, "cpu", mapped=True, run_dir=run_dir)
     return path
 
 
