@@ -212,8 +212,9 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
                                               check_on_train_epoch_end=False))
     if config.optim.ema_decay > 0:
         callbacks.append(WeightEMA(config.optim.ema_decay))
-    if t.keep_last_checkpoints > 0:
-        callbacks.append(KeepLastCheckpoints(run_dir, t.keep_last_checkpoints))
+    # Also at 0: it deletes the checkpoints an earlier segment kept (keep_last_checkpoints
+    # lowered on resume), which nmt average would otherwise take for the run's last ones.
+    callbacks.append(KeepLastCheckpoints(run_dir, t.keep_last_checkpoints))
     if config.optim.long_run_dropout is not None:
         callbacks.append(DropoutForBudget(config.optim.long_run_dropout,
                                           config.optim.long_run_epochs))

@@ -525,6 +525,27 @@ def test_a_resumed_run_keeps_only_its_last_checkpoints(corpus, tmp_path, cadence
     assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == last
 
 
+@pytest.mark.parametrize("keep, left", [(1, ["step8.ckpt"]), (0, None)])
+def test_a_run_resumed_keeping_fewer_checkpoints_deletes_the_earlier_ones(corpus, tmp_path, capsys,
+                                                                          keep, left):
+    """trainer.keep_last_checkpoints lowered on resume applies to the files an earlier segment
+    kept: lowered to 0, they stayed in steps/, and nmt average took those old weights for the
+    run's last ones."""
+    every_step = "trainer.val_check_interval=1"
+    assert main(args(corpus, tmp_path, "trainer.max_steps=3", every_step,
+                     "trainer.keep_last_checkpoints=3")) == 0
+    assert len(list((tmp_path / "steps").iterdir())) == 3
+    assert main(args(corpus, tmp_path, "trainer.max_steps=8", every_step,
+                     f"trainer.keep_last_checkpoints={keep}")) == 0
+    if left is None:
+        assert not (tmp_path / "steps").exists()
+        capsys.readouterr()
+        assert main(["average", "--checkpoint", str(tmp_path)]) == 1
+        assert "no step checkpoints in" in capsys.readouterr().err
+    else:
+        assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == left
+
+
 def test_resume_after_the_training_pairs_changed_is_an_error(tmp_path, capsys):
     """Two training pairs swapped: the same pieces, other batches from the same positions. A
     resume is refused in one line; a run from before the record was kept resumes unchecked and
