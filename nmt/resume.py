@@ -31,6 +31,8 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError, first_line
 from nmt.files import remove_empty, write_atomic
 from nmt.models import MODELS
+from nmt.precision import PrecisionChoice
+from nmt.provenance import device_name
 from nmt.run_identity import check_identity, run_identity
 
 # Options that may change between the segments of a resumed run: budgets, validation and
@@ -92,7 +94,7 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     before, now = with_model_defaults(before), with_model_defaults(now)
     for key in sorted(before.keys() | now.keys(), key=lambda k: (k not in PLAINEST, k)):
         if key not in RESUMABLE_CHANGES | CORPUS_FILES and key.split(".")[0] != "decoding" \
-                and before.get(key) != now.get(key):
+                and before.get(key) != now.get(key) and not _precision_chosen(key, before, now):
             raise NMTError(
                 f"{run_dir} holds a run trained with {key}={before.get(key)!r}, not "
                 f"{now.get(key)!r}; resume it with the same value, or choose another --run-dir"
@@ -101,6 +103,33 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
         check_identity(load_mapped(last), run_identity(config, Tokenizer(run_dir / "spm.model")),
                        last, run_dir)
     return last
+
+
+def _precision_chosen(key: str, before: dict, now: dict) -> bool:
+    """Whether ``key`` is trainer.precision, given as ``auto`` on one side: ``auto`` resumes in
+    the precision the run trained in (``kept_precision``), and a precision given over it is
+    the user's choice (another machine, where the kept one is slow). Two precisions given,
+    and different, change the trajectory."""
+    return key == "trainer.precision" and "auto" in (before.get(key), now.get(key))
+
+
+def kept_precision(checkpoint: dict) -> PrecisionChoice | None:
+    """The precision the run of ``checkpoint`` trained its last segment in, which a resumed
+    run under ``trainer.precision: auto`` keeps: ``auto`` decides by what is fast on the
+    machine, and deciding again at a resume (a busy machine's probe, another CPU) switched
+    precision in the middle of the run. Where the segment ran on another device, the reason
+    says so: ``auto`` might choose otherwise here. None for a checkpoint that does not record
+    it (written before segments noted their precision)."""
+    segments = [segment for segment in checkpoint.get("nmt_segments", [])
+                if isinstance(segment, dict) and segment.get("precision")]
+    if not segments:
+        return None
+    last = segments[-1]
+    reason = "auto, as the run has trained so far: kept on resume"
+    if last.get("device") not in (None, device_name()):
+        reason += (f"; it trained on {last['device']}, and auto might choose otherwise on "
+                   f"{device_name()}: give trainer.precision to choose")
+    return PrecisionChoice(last["precision"], reason)
 
 
 def with_model_defaults(options: dict) -> dict:

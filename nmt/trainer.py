@@ -9,6 +9,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -50,14 +51,21 @@ BEST_METRICS = {"val_loss": "min", "val_bleu": "max"}
 _announced: set[PrecisionChoice] = set()  # the choices this process has printed
 
 
-def training_precision(config: Config) -> PrecisionChoice:
+def training_precision(config: Config, kept: PrecisionChoice | None = None) -> PrecisionChoice:
     """``resolve_precision`` for a run's ``Config`` (its model's shapes), printed once per
-    process so that the user sees what ``auto`` chose and why."""
+    process so that the user sees what ``auto`` chose and why. ``kept``: the precision a
+    resumed run has trained in (``nmt.resume.kept_precision``), which ``auto`` keeps."""
     shapes = probe_shapes(config.model, config.data.vocab_size)
     rank_zero = rank_zero_only.rank == 0  # DDP's other processes stay quiet
-    choice = resolve_precision(config.trainer.precision,
-                               lambda: choose_cpu_precision(shapes, leader=rank_zero),
-                               config.trainer.accelerator)
+    if kept is not None and config.trainer.precision == "auto":
+        choice = kept
+    else:
+        choice = resolve_precision(config.trainer.precision,
+                                   lambda: choose_cpu_precision(shapes, leader=rank_zero),
+                                   config.trainer.accelerator)
+    if kept is not None and LIGHTNING_NAMES.get(choice.precision, choice.precision) != kept.precision:
+        choice = replace(choice, reason=f"{choice.reason}; the run trained in {kept.precision} "
+                                        "so far")
     if choice not in _announced and rank_zero:  # once per process
         _announced.add(choice)
         print(f"precision: {choice.precision} ({choice.reason})", flush=True)
@@ -94,6 +102,9 @@ class CachedMixedPrecision(MixedPrecision):
 
 
 MIXED_ALIASES = {"bf16": "bf16-mixed", "16": "16-mixed"}  # Lightning's names for the same
+# The names Lightning gives the precisions it runs in (``Trainer.precision``, which a run's
+# segments record), by the short names it also takes
+LIGHTNING_NAMES = {**MIXED_ALIASES, "32": "32-true"}
 
 
 def trainer_precision(choice: PrecisionChoice, accelerator: str) -> tuple[str | None, list]:
@@ -283,13 +294,14 @@ def training_loggers(run_dir: Path, tensorboard: bool) -> list[Logger]:
     return loggers
 
 
-def build_trainer(config: Config, run_dir: Path) -> L.Trainer:
+def build_trainer(config: Config, run_dir: Path, kept: PrecisionChoice | None = None) -> L.Trainer:
     """The Trainer of a training run writing into ``run_dir``, in the precision chosen for it
-    once its device options have passed Lightning's checks and ours (``check_device_options``,
-    which ``train`` calls before the run's lock)."""
+    (``training_precision``; ``kept``: a resumed run's) once its device options have passed
+    Lightning's checks and ours (``check_device_options``, which ``train`` calls before the
+    run's lock)."""
     t = config.trainer
     quiet_lightning_noise()
-    precision, precision_plugins = trainer_precision(training_precision(config), t.accelerator)
+    precision, precision_plugins = trainer_precision(training_precision(config, kept), t.accelerator)
     once_per_epoch = isinstance(t.val_check_interval, float) and t.val_check_interval == 1.0
     callbacks = training_callbacks(config, run_dir)
     loggers = training_loggers(run_dir, t.tensorboard)

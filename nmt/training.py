@@ -58,6 +58,7 @@ from nmt.resume import (
     drop_undone_metrics,
     epochs_past,
     forget_finished,
+    kept_precision,
     load_mapped,
     out_of_patience,
     record_training_data,
@@ -473,7 +474,8 @@ def train_into(config: Config, run_dir: Path) -> None:
     # checked the rest of the options.
     local = local_sources(config.data)
     hub = resolve_hub(config.data) if local is None else None
-    trainer = build_trainer(config, run_dir)
+    kept = None if resume_from is None else kept_precision(load_mapped(resume_from))
+    trainer = build_trainer(config, run_dir, kept)
     sources = local if local is not None else split_sources(config.data, hub=hub)
     data = prepare_data(config.data, sources)
     references = list(data.text["val"]["tgt"])

@@ -138,6 +138,64 @@ def test_a_run_stopped_at_an_epoch_end_resumes_under_a_step_budget(corpus, strai
     assert [row["epoch"] for row in rows] == ["0", "1"]  # one speed a trained epoch, none 0
 
 
+def _segment_precisions(run_dir: Path) -> list[str]:
+    return [s["precision"] for s in json.loads((run_dir / "train_stats.json").read_text())["segments"]]
+
+
+def probe_answers(monkeypatch, precision: str) -> None:
+    """trainer.precision auto's probe on a CPU answers ``precision``."""
+    from nmt import trainer
+    from nmt.precision import PrecisionChoice
+
+    monkeypatch.setattr(trainer, "choose_cpu_precision",
+                        lambda shapes, leader=True: PrecisionChoice(precision, "probed"))
+
+
+def test_a_resumed_auto_run_keeps_its_precision_unless_one_is_given(corpus, tmp_path, monkeypatch,
+                                                                   capsys):
+    """trainer.precision auto decides once per run: a resume whose probe answers otherwise (a
+    busy machine, another CPU) switched the run's precision midway. It keeps the precision the
+    run trained in and says so; a precision given at a resume is taken, and said."""
+    auto = "trainer.precision=auto"
+    probe_answers(monkeypatch, "32-true")
+    assert main(args(corpus, tmp_path, auto, "trainer.max_steps=2")) == 0
+    probe_answers(monkeypatch, "bf16-mixed")  # the probe now answers otherwise
+    capsys.readouterr()
+    assert main(args(corpus, tmp_path, auto, "trainer.max_steps=3")) == 0
+    assert "precision: 32-true (auto, as the run has trained so far: kept on resume)\n" \
+        in capsys.readouterr().out
+    assert _segment_precisions(tmp_path) == ["32-true", "32-true"]
+    # Given on the command line, a precision is the user's choice over auto's
+    assert main(args(corpus, tmp_path, "trainer.precision=bf16-mixed", "trainer.max_steps=4")) == 0
+    assert "precision: bf16-mixed (set in the config; the run trained in 32-true so far)\n" \
+        in capsys.readouterr().out
+    assert _segment_precisions(tmp_path) == ["32-true", "32-true", "bf16-mixed"]
+    # Two precisions given, and different, still change the trajectory: refused
+    assert main(args(corpus, tmp_path, "trainer.precision=32-true", "trainer.max_steps=5")) == 1
+    assert "holds a run trained with trainer.precision='bf16-mixed', not '32-true'" \
+        in capsys.readouterr().err
+    # ... and auto goes on in the precision given last
+    assert main(args(corpus, tmp_path, auto, "trainer.max_steps=5")) == 0
+    assert _segment_precisions(tmp_path)[-1] == "bf16-mixed"
+
+
+def test_a_resumed_auto_run_trained_on_another_device_says_auto_might_choose_otherwise(
+        corpus, tmp_path, monkeypatch, capsys):
+    """The kept precision may be slow on another kind of machine: the line says where the run
+    trained and how to choose."""
+    probe_answers(monkeypatch, "32-true")
+    assert main(args(corpus, tmp_path, "trainer.precision=auto", "trainer.max_steps=2")) == 0
+    moved = checkpoint(tmp_path)
+    moved["nmt_segments"][-1].update(device="NVIDIA H200", precision="bf16-mixed")
+    torch.save(moved, tmp_path / "last.ckpt")
+    capsys.readouterr()
+    assert main(args(corpus, tmp_path, "trainer.precision=auto", "trainer.max_steps=3")) == 0
+    out = capsys.readouterr().out
+    assert "precision: bf16-mixed (auto, as the run has trained so far: kept on resume; it " \
+           "trained on NVIDIA H200, and auto might choose otherwise on CPU: " in out
+    assert "give trainer.precision to choose)\n" in out
+
+
 def test_resume_from_a_checkpoint_without_segments_says_they_are_unknown(corpus, tmp_path):
     """Checkpoints written before segments were kept resume with an unknown first segment."""
     assert main(args(corpus, tmp_path, "trainer.max_steps=2")) == 0
