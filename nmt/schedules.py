@@ -24,13 +24,20 @@ def inverse_sqrt(warmup: int):
 
 def warmup_cosine(warmup: int, horizon: Callable[[int], float], floor: float):
     """Linear warm-up, then half a cosine from the peak lr down to ``floor`` x peak at the
-    budget's last step, ``horizon(step)`` (Loshchilov & Hutter 2017, one cycle): for a fixed
-    budget, where annealing to its end pays more than a schedule that never ends."""
+    budget's last update, ``horizon(step)`` (Loshchilov & Hutter 2017, one cycle): for a fixed
+    budget, where annealing to its end pays more than a schedule that never ends.
+
+    Step s (from 0, as LambdaLR counts) takes update s + 1, as ``inverse_sqrt`` counts: the
+    peak is update ``warmup`` (the first with no warm-up), and the budget's last update,
+    ``horizon`` (step horizon - 1), trains at the floor. Counted from step ``warmup`` instead,
+    the peak was held for two updates and the floor came one step after the last."""
 
     def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1.0, horizon(step) - warmup))
+        update = step + 1
+        if update <= warmup:
+            return update / warmup
+        peak = max(warmup, 1)
+        progress = min(1.0, (update - peak) / max(1.0, horizon(step) - peak))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor

@@ -23,14 +23,25 @@ from nmt.training import train
 from .conftest import tiny_model, tiny_train_args, write_corpus
 
 
-def test_cosine_warms_up_then_anneals_to_the_floor_at_the_budget():
+def test_cosine_warms_up_then_anneals_to_the_floor_at_the_budgets_last_update():
+    """A budget of 110 updates, steps 0-109 as LambdaLR counts them: the peak is update 10
+    (step 9) alone, as inverse_sqrt's, and update 110 (step 109), the last, trains at the
+    floor. The floor came one step late (step 110, after the budget), and the peak was held
+    for two updates."""
     factor = warmup_cosine(warmup=10, horizon=lambda step: 110, floor=0.1)
-    assert factor(0) == pytest.approx(0.1) and factor(9) == pytest.approx(1.0)
-    assert factor(10) == pytest.approx(1.0)  # the peak, right after warm-up
-    assert factor(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))  # halfway
-    assert factor(110) == pytest.approx(0.1) and factor(500) == pytest.approx(0.1)
-    steps = [factor(s) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(steps, steps[1:]))  # never rises after the peak
+    assert factor(0) == pytest.approx(0.1) and factor(9) == 1.0  # the peak
+    assert factor(9) == inverse_sqrt(warmup=10)(9)
+    assert factor(10) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 100)))
+    assert factor(59) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway: update 60 of 10-110
+    assert factor(108) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 99 / 100)))
+    assert factor(109) == pytest.approx(0.1) and factor(500) == pytest.approx(0.1)
+    steps = [factor(s) for s in range(9, 110)]
+    assert all(a > b for a, b in zip(steps, steps[1:]))  # falls at every update after the peak
+
+
+def test_cosine_without_warm_up_starts_at_the_peak_and_ends_at_the_floor():
+    factor = warmup_cosine(warmup=0, horizon=lambda step: 5, floor=0.0)
+    assert [round(factor(s), 6) for s in range(5)] == [1.0, 0.853553, 0.5, 0.146447, 0.0]
 
 
 def test_inverse_sqrt_warms_up_linearly_then_decays_as_one_over_the_root_of_the_step():
@@ -91,6 +102,11 @@ def test_cosine_over_epochs_reaches_its_floor_at_the_last_step(tmp_path):
                  "trainer.early_stopping_patience=10"]) == 0
     state = torch.load(run / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(1e-5)
+    # ... and the last update trained at it (the lr logged at each update is the one it took)
+    rows = [row for row in csv.DictReader(open(run / "logs" / "version_0" / "metrics.csv"))
+            if row.get("lr")]
+    assert int(rows[-1]["step"]) == state["global_step"] - 1
+    assert float(rows[-1]["lr"]) == pytest.approx(1e-5) and float(rows[-2]["lr"]) > 1e-5
 
 
 def budget_trainer(monkeypatch, epoch: int, step: int, elapsed: float) -> SimpleNamespace:
