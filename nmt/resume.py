@@ -78,16 +78,9 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     if not last.is_file() or not saved.is_file():
         refuse_to_overwrite(run_dir)
         return None
-    try:
-        before = _flat(read_yaml(saved.read_text()))
-    except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
-        raise NMTError(f"{saved} is damaged: cannot resume this run; choose another --run-dir") from None
-    check_loadable(last)
     now = _flat(to_dict(config))
-    # An option added after the run was saved did what the run did: ADDED_SINCE says what
-    # that was where the built-in default does otherwise.
-    defaults = {**_flat(to_dict(Config())), **_flat(ADDED_SINCE)}
-    before.update((key, defaults[key]) for key in now.keys() - before.keys() if key in defaults)
+    before = saved_options(run_dir, now)
+    check_loadable(last)
     # Model options left out are the family's defaults, filled after ADDED_SINCE, which
     # covers only options the command gives: a command that leaves embed_init out resumes the
     # RNN it trained before the option existed (its checkpoint carries the embedding scale).
@@ -103,6 +96,41 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
         check_identity(load_mapped(last), run_identity(config, Tokenizer(run_dir / "spm.model")),
                        last, run_dir)
     return last
+
+
+def saved_options(run_dir: Path, now: dict) -> dict:
+    """The flat options of the run's config.yaml (its last segment's), with those of the
+    flat options ``now`` that were added since it was saved at what the run did: ADDED_SINCE
+    says what that was where the built-in default does otherwise."""
+    saved = run_dir / "config.yaml"
+    try:
+        before = _flat(read_yaml(saved.read_text()))
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
+        raise NMTError(f"{saved} is damaged: cannot resume this run; choose another --run-dir") from None
+    defaults = {**_flat(to_dict(Config())), **_flat(ADDED_SINCE)}
+    before.update((key, defaults[key]) for key in now.keys() - before.keys() if key in defaults)
+    return before
+
+
+def decoding_changes(config: Config, run_dir: Path) -> str | None:
+    """A line naming the decoding options of ``config`` that differ from those the resumed run
+    in ``run_dir`` last saved, where any do; else None. They may change on resume, but
+    validation's greedy BLEU decodes with decoding.max_len_ratio: changed, its scores are not
+    comparable with the earlier validations', against which best.ckpt (under
+    trainer.best_metric val_bleu), early stopping and the plateau schedule weigh them; and
+    translate and evaluate take the run's decoding options from config.yaml."""
+    now = _flat(to_dict(config))
+    before = saved_options(run_dir, now)
+    changed = [key for key in now if key.startswith("decoding.") and before.get(key) != now[key]]
+    if not changed:
+        return None
+    line = ("decoding options differ from the run's config.yaml: "
+            + ", ".join(f"{key} {before.get(key)} -> {now[key]}" for key in changed))
+    if "decoding.max_len_ratio" in changed:
+        line += (" (validation's greedy BLEU decodes with max_len_ratio: from here on it is not "
+                 "comparable with the earlier validations', against which trainer.best_metric "
+                 "val_bleu chooses best.ckpt and early stopping waits)")
+    return line + "; translate and evaluate take the new values"
 
 
 def _precision_chosen(key: str, before: dict, now: dict) -> bool:

@@ -55,6 +55,7 @@ from nmt.resume import (
     check_resumable,
     check_training_data,
     check_vocabulary,
+    decoding_changes,
     drop_undone_metrics,
     epochs_past,
     forget_finished,
@@ -488,6 +489,8 @@ def train_into(config: Config, run_dir: Path) -> None:
     if resume_from is not None:  # before anything of the run is replaced
         check_vocabulary(run_dir, data.tokenizer)
         check_training_data(run_dir, data)
+        if (changes := decoding_changes(config, run_dir)) and trainer.is_global_zero:
+            print(changes, flush=True)  # before write_run_files saves the new ones
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     check_batches_per_process(datamodule, config, trainer.world_size)
     write_run_files(config, run_dir, data, new_run=resume_from is None)

@@ -196,6 +196,28 @@ def test_a_resumed_auto_run_trained_on_another_device_says_auto_might_choose_oth
     assert "give trainer.precision to choose)\n" in out
 
 
+def test_decoding_options_changed_at_a_resume_are_said_in_one_line(corpus, tmp_path, capsys):
+    """Decoding options may change on resume, but decoding.max_len_ratio steers validation's
+    BLEU, which best.ckpt and early stopping compare with the earlier validations': a
+    changed one was taken silently."""
+    assert main(args(corpus, tmp_path, "trainer.max_steps=2")) == 0
+    capsys.readouterr()
+    changed = ("decoding.max_len_ratio=2.0", "decoding.beam_size=3")
+    assert main(args(corpus, tmp_path, "trainer.max_steps=3", *changed)) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "decoding options" in line]
+    assert lines == ["decoding options differ from the run's config.yaml: decoding.beam_size 5 -> 3, "
+                     "decoding.max_len_ratio 1.5 -> 2.0 (validation's greedy BLEU decodes with "
+                     "max_len_ratio: from here on it is not comparable with the earlier "
+                     "validations', against which trainer.best_metric val_bleu chooses best.ckpt "
+                     "and early stopping waits); translate and evaluate take the new values"]
+    assert main(args(corpus, tmp_path, "trainer.max_steps=4", *changed)) == 0  # as saved now
+    assert "decoding options" not in capsys.readouterr().out
+    assert main(args(corpus, tmp_path, "trainer.max_steps=5", "decoding.beam_size=4",
+                     "decoding.max_len_ratio=2.0")) == 0
+    assert "decoding options differ from the run's config.yaml: decoding.beam_size 3 -> 4; " \
+           "translate and evaluate take the new values\n" in capsys.readouterr().out
+
+
 def test_resume_from_a_checkpoint_without_segments_says_they_are_unknown(corpus, tmp_path):
     """Checkpoints written before segments were kept resume with an unknown first segment."""
     assert main(args(corpus, tmp_path, "trainer.max_steps=2")) == 0
