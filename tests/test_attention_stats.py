@@ -175,48 +175,38 @@ def test_rnn_has_no_self_attention_to_draw(run):
     assert math.isfinite(best.score)
 
 
-@pytest.mark.parametrize("options,message", [
-    (["--attention-layer", "5"], "no attention layer 5 / head mean in this model: it has 1 layer and 2"),
-    (["--attention-kind", "encoder", "--attention-head", "2"], "no attention layer -1 / head 2"),
-    (["--attention-head", "first"], "--attention-head must be mean, all or a head number"),
+# The picture options are checked before the model loads, against the layout the run's config
+# builds (--attention-layer 5 of a one-layer model was refused only once the model had loaded
+# and --precision auto had timed it: seconds, more for an ensemble); the picture folder is made
+# once it has loaded, still before anything is translated
+@pytest.mark.parametrize("options,message,checked_before", [
+    (["--attention-layer", "5"], "no attention layer 5 / head mean in this model: it has 1 layer and 2",
+     "from_run_dir"),
+    (["--attention-kind", "encoder", "--attention-head", "2"], "no attention layer -1 / head 2",
+     "from_run_dir"),
+    (["--attention-kind", "decoder", "--attention-head", "3"], "no attention layer -1 / head 3",
+     "from_run_dir"),
+    (["--attention-head", "first"], "--attention-head must be mean, all or a head number",
+     "from_run_dir"),
     # a digit to str.isdigit, not to int(): a ValueError traceback
-    (["--attention-head", "\u00b2"], "--attention-head must be mean, all or a head number"),
-    (["--plot-attention", "in.txt"], "--plot-attention in.txt: cannot make a folder there"),
+    (["--attention-head", "\u00b2"], "--attention-head must be mean, all or a head number",
+     "from_run_dir"),
+    (["--plot-attention", "in.txt"], "--plot-attention in.txt: cannot make a folder there",
+     "translate"),
 ])
-def test_bad_attention_options_fail_before_translating(run, tmp_path, monkeypatch, capsys, options,
-                                                       message):
-    """A picture option that cannot work fails at once, with one line, not after the input is
-    translated; a bad layer or head names the ones there."""
-    def no_translating(*args, **kwargs):
-        raise AssertionError("translated before the options were checked")
+def test_bad_attention_options_fail_at_once(run, tmp_path, monkeypatch, capsys, options, message,
+                                            checked_before):
+    """A picture option that cannot work fails at once, with one line, before the step
+    ``checked_before`` (loading the model, or translating the input); a bad layer or head
+    names the ones there."""
+    def too_late(*args, **kwargs):
+        raise AssertionError(f"reached Translator.{checked_before} before the options were checked")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Translator, "translate", no_translating)
+    monkeypatch.setattr(Translator, checked_before, too_late)
     (tmp_path / "in.txt").write_text("haus mann katze\n", encoding="utf-8")
     assert main(["translate", "--checkpoint", str(run), "--input", "in.txt", "--plot-attention",
                  "pics", *options, "--beam", "1"]) == 1
-    err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
-
-
-@pytest.mark.parametrize("options,message", [
-    (["--attention-layer", "5"], "no attention layer 5 / head mean in this model: it has 1 layer and 2"),
-    (["--attention-kind", "decoder", "--attention-head", "3"], "no attention layer -1 / head 3"),
-    (["--attention-head", "first"], "--attention-head must be mean, all or a head number"),
-])
-def test_bad_attention_options_fail_before_the_model_loads(run, tmp_path, monkeypatch, capsys,
-                                                           options, message):
-    """--attention-layer 5 of a one-layer model was refused only once the model had loaded
-    and --precision auto had timed it (seconds, more for an ensemble): like the other
-    decoding options, it is now checked first, against the layout the run's config builds."""
-    def no_loading(*args, **kwargs):
-        raise AssertionError("loaded the model before the options were checked")
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Translator, "from_run_dir", no_loading)
-    (tmp_path / "in.txt").write_text("haus mann katze\n", encoding="utf-8")
-    assert main(["translate", "--checkpoint", str(run), "--input", "in.txt", "--plot-attention",
-                 "pics", *options]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "pics").exists()
