@@ -525,6 +525,44 @@ def test_a_tsv_line_without_its_tab_is_an_error(tmp_path, capsys, monkeypatch, s
         assert not list((tmp_path / "data").glob("prepared/*"))  # nothing half-built left
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_csv_row_with_fields_missing_is_an_error(tmp_path, capsys, monkeypatch, streaming):
+    """A .csv row with fewer fields than its header (a comma lost, a sentence broken over two
+    lines) was read with an empty target and left out as such, silently: it is now a one-line
+    error naming the file and the line the row starts at, wherever it is, as a .tsv line's,
+    and nothing is left prepared. Commas and line breaks inside quotes are no separators nor
+    line ends, and a lone carriage return outside them is refused as in a .tsv file."""
+    monkeypatch.setattr("nmt.data.corpus.CHUNK_BYTES", 16)
+    monkeypatch.setattr("nmt.data.corpus.ROW_BLOCK", 4)
+    rows = ["id,de,en", *(f"{i},s{i},t{i}" for i in range(40))]
+    rows[3] = '2,"s2, ""quoted""","t2\nwith, a line break"'  # lines 4 and 5: one row
+    rows.insert(7, "")  # a blank line: read as none
+    good = tmp_path / "good"
+    good.mkdir()
+    for split in ("train", "validation"):
+        (good / f"{split}.csv").write_text("\r\n".join(rows) + "\r\n", encoding="utf-8")
+    corpus = load_corpus(DataConfig(hub_dataset=str(good), hub_streaming=streaming))
+    pairs = list(zip(*next(read_pairs(corpus.sources["train"]))))
+    assert pairs[2] == ('s2, "quoted"', "t2\nwith, a line break") and len(pairs) == 40
+    for line, short, error in ((3, "1,s1 t1", "1 comma where the header line has 2: each line holds a "
+                                "whole pair (a sentence broken over two lines, or a comma lost?)"),
+                               (32, "27", "0 commas where the header line has 2: each line holds a "
+                                "whole pair (a sentence broken over two lines, or a comma lost?)"),
+                               (20, "16,s16\rx,t16", "a carriage return (\\r) inside the line; "
+                                "lines end at \\n only, so pairs would shift: replace it with a space")):
+        bad = tmp_path / f"bad{line}"
+        bad.mkdir()
+        lines = "\n".join(rows).split("\n")  # by line: the quoted line break makes two
+        lines[line - 1] = short
+        (bad / "train.csv").write_text("\n".join(lines), encoding="utf-8")  # the last: no \n
+        (bad / "validation.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+        assert main(["prepare", f"data.hub_dataset={bad}", f"data.data_dir={tmp_path / 'data'}",
+                     f"data.hub_streaming={streaming}", "data.vocab_size=60"]) == 1
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last == f"error: {bad / 'train.csv'}, line {line}: {error}"
+        assert not list((tmp_path / "data").glob("prepared/*"))  # nothing half-built left
+
+
 def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):
     """data.hub_streaming reads the dataset as a stream, twice (sample, encode), and ends with
     the ids the downloaded dataset and the same pairs as text files give."""

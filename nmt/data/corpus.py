@@ -61,6 +61,17 @@ CHUNK_BYTES = 1 << 24  # read text 16 MiB at a time: memory stays flat however b
 
 
 @dataclass(frozen=True)
+class RowFiles:
+    """A split's delimited text files (a row a line under a header line, a ``.tsv``; or with
+    quoted fields, a ``.csv``) as datasets' CSV reader is told to read them (``csv_options``),
+    checked when read (``check_rows``)."""
+
+    paths: tuple[str, ...] = ()
+    sep: str = "\t"
+    quotechar: str | None = None  # None: no quoting, a row a line
+
+
+@dataclass(frozen=True)
 class HubSplit:
     """A downloaded Hub split. Its rows hold one column per language of the pair, in sorted
     order whatever the direction, so that both directions have one fingerprint (the cache's
@@ -70,7 +81,7 @@ class HubSplit:
     rows: datasets.Dataset
     src: str
     tgt: str
-    tsv_files: tuple[str, ...] = ()  # checked when read (``check_tsv_lines``)
+    row_files: RowFiles = RowFiles()  # checked when read (``check_rows``)
 
 
 @dataclass(frozen=True)
@@ -85,7 +96,7 @@ class HubStream:
     rows: datasets.IterableDataset  # a column per language, as HubSplit's
     src: str
     tgt: str
-    tsv_files: tuple[str, ...] = ()  # as HubSplit's
+    row_files: RowFiles = RowFiles()  # as HubSplit's
 
 
 # Two aligned text files, a downloaded Hub split, or a streamed one.
@@ -97,7 +108,7 @@ class HubDataset:
     """A Hub dataset whose files are resolved (``resolve_hub``), nothing of it downloaded."""
 
     builder: datasets.DatasetBuilder  # with the options csv_options gives its files
-    tsv_files: dict[str, tuple[str, ...]]  # each split's (by the dataset's names) to check
+    row_files: dict[str, RowFiles]  # each split's (by the dataset's names) to check
 
 
 def split_sources(cfg: DataConfig, needed: tuple[str, ...] = SPLITS,
@@ -141,8 +152,7 @@ def test_set_name(cfg: DataConfig) -> str:
 def read_pairs(source: Source, limit: int | None = None) -> Iterator[tuple[list[str], list[str]]]:
     """Aligned chunks (sources, targets) of a split, at most ``limit`` pairs in all."""
     if isinstance(source, (HubSplit, HubStream)):
-        for path in source.tsv_files:  # here, where they are read: not at each run's start
-            check_tsv_lines(path)
+        check_rows(source.row_files)  # here, where they are read: not at each run's start
         chunks = _dataset_chunks(source.rows, source.src, source.tgt)
     else:
         chunks = _file_pairs(*source)
@@ -258,44 +268,95 @@ def line_break_error(path: str, line: int, char: str) -> NMTError:
                     r"\n only, so pairs would shift: replace it with a space")
 
 
-def check_tsv_lines(path: str) -> None:
-    """A one-line error naming the first line of a tab-separated file (a row a line:
-    ``csv_options``) that pandas would not read as one whole row, silently:
+def check_rows(files: RowFiles) -> None:
+    """A one-line error naming the first line of a split's delimited files (``RowFiles``)
+    that pandas would not read as one whole row, silently:
 
-    * a carriage return other than one before the line's ``\\n``: pandas ends a line there
-      too, which cut the row in two, a sentence with an empty side and a pair of halves;
-    * fewer tabs than the header line: pandas fills the missing fields with empty text, and
-      the pair was left out as one with an empty side, where the file is malformed (a
-      sentence broken over two lines leaves two such lines). Marian refuses such a line of
-      its TSV input, as fairseq and OpenNMT refuse misaligned files; a line with a tab too
-      many pandas refuses itself. A blank line is no row for pandas, and none here.
+    * a carriage return other than one before the line's ``\\n`` (outside a quoted field):
+      pandas ends a line there too, which cut the row in two, a sentence with an empty side
+      and a pair of halves;
+    * a row with fewer separators than the header line: pandas fills the missing fields with
+      empty text, and the pair was left out as one with an empty side, where the file is
+      malformed (a sentence broken over two lines leaves two such lines). Marian refuses such
+      a line of its TSV input, as fairseq and OpenNMT refuse misaligned files; a row with a
+      field too many pandas refuses itself. A blank line is no row for pandas, and none here.
 
-    Vectorised (numpy), as pandas reads: 0.3-0.45 s for 1M lines (176 MB), about a fifth of
-    datasets' first load of them; once per read of a split, none at a start that finds them
+    A row a line (a ``.tsv`` file) is counted vectorised (numpy), as pandas reads: 0.3-0.45 s
+    for 1M lines (176 MB), about a fifth of datasets' first load of them; a quoted one (a
+    ``.csv`` file, whose quoted fields may hold separators and line breaks) by Python's CSV
+    reader, 1.5-2 s for 1M lines (190 MB). Once per read of a split, none at a start that finds it
     prepared."""
-    header_tabs = None
+    rows = _quoted_rows if files.quotechar else _unquoted_rows
+    for path in files.paths:
+        header = None
+        for lines, separators, lone in rows(path, files):
+            if header is None and len(separators):
+                header = int(separators[0])
+            short = np.flatnonzero(separators < header) if header is not None else []
+            if lone is not None and (not len(short) or lone <= lines[short[0]]):
+                raise line_break_error(path, lone, "\r")
+            if len(short):
+                line, found = int(lines[short[0]]), int(separators[short[0]])
+                name = SEPARATOR_NAMES.get(files.sep, f"'{files.sep}'")
+                raise NMTError(f"{path}, line {line}: {found} {name}{'s' * (found != 1)} where the "
+                               f"header line has {header}: each line holds a whole pair (a "
+                               f"sentence broken over two lines, or a {name} lost?)")
+
+
+# Each block's rows of a delimited file: (the line each starts at, its separators outside
+# quotes, the line of the first lone carriage return or None), blank lines left out
+Rows = Iterator[tuple[np.ndarray, np.ndarray, int | None]]
+
+
+def _unquoted_rows(path: str, files: RowFiles) -> Rows:
+    """The rows of a file of a row a line, counted in blocks of bytes (numpy)."""
+    sep = ord(files.sep)
     for data, done in line_blocks(path):
         text = np.frombuffer(data, np.uint8)
         ends = np.flatnonzero(text == ord("\n"))
         starts = np.concatenate(([0], ends + 1))[:len(ends) + (text[-1] != ord("\n"))]
         stops = np.append(ends, len(text))[:len(starts)]
-        tabs = np.bincount(np.searchsorted(ends, np.flatnonzero(text == ord("\t"))),
-                           minlength=len(starts))
-        if header_tabs is None:
-            header_tabs = int(tabs[0])
+        separators = np.bincount(np.searchsorted(ends, np.flatnonzero(text == sep)),
+                                 minlength=len(starts))
         returns = np.flatnonzero(text == ord("\r"))
         # the byte after each; the file's last byte's own where it is the last
         after = text[np.minimum(returns + 1, len(text) - 1)]
         lone = np.searchsorted(ends, returns[after != ord("\n")])  # the lines they are in
         blank = (stops == starts) | ((stops == starts + 1) & (text[starts] == ord("\r")))
-        short = np.flatnonzero((tabs < header_tabs) & ~blank)
-        if len(lone) and (not len(short) or lone[0] <= short[0]):
-            raise line_break_error(path, done + int(lone[0]) + 1, "\r")
-        if len(short):
-            line, found = int(short[0]), int(tabs[short[0]])
-            raise NMTError(f"{path}, line {done + line + 1}: {found} tab{'s' * (found != 1)} "
-                           f"where the header line has {header_tabs}: each line holds a whole "
-                           "pair (a sentence broken over two lines, or a tab lost?)")
+        rows = np.flatnonzero(~blank)
+        yield done + rows + 1, separators[rows], done + int(lone[0]) + 1 if len(lone) else None
+
+
+def _quoted_rows(path: str, files: RowFiles) -> Rows:
+    """The rows of a file whose fields may be quoted, as Python's CSV reader (which reads
+    quotes as pandas' does) parses them, in blocks of ``ROW_BLOCK`` rows."""
+    reader = csv.reader(_text_lines(path), delimiter=files.sep, quotechar=files.quotechar)
+    lines, separators, lone, done = [], [], None, 0
+    try:
+        for row in reader:
+            if row:  # a blank line is no row
+                lines.append(done + 1)
+                separators.append(len(row) - 1)
+            done = reader.line_num
+            if len(lines) == ROW_BLOCK:
+                yield np.array(lines), np.array(separators), None
+                lines, separators = [], []
+    except csv.Error as err:  # its other errors (a field over its size limit) pandas reports
+        if "new-line character" in str(err):  # a lone \r outside quotes
+            lone = reader.line_num
+    yield np.array(lines, dtype=int), np.array(separators, dtype=int), lone
+
+
+ROW_BLOCK = 100_000
+SEPARATOR_NAMES = {"\t": "tab", ",": "comma", ";": "semicolon", "|": "bar"}
+
+
+def _text_lines(path: str) -> Iterator[str]:
+    """The lines of a file, split at ``\\n`` alone (a line break elsewhere is the CSV
+    reader's to see), without it; bytes that are not UTF-8 are left for datasets' reader to
+    report."""
+    for data, _ in line_blocks(path):
+        yield from data.decode("utf-8", "surrogateescape").removesuffix("\n").split("\n")
 
 
 def _file_pairs(src_path: str, tgt_path: str) -> Iterator[tuple[list[str], list[str]]]:
@@ -468,11 +529,19 @@ def resolve_hub(cfg: DataConfig) -> HubDataset:
         builder = datasets.load_dataset_builder(hub_name(cfg), cfg.hub_config)
         if options := csv_options(builder.config, languages):
             builder = datasets.load_dataset_builder(hub_name(cfg), cfg.hub_config, **options)
-    tsv_files = {}
-    if options.get("quoting") == csv.QUOTE_NONE:  # a row a line: lines are checked as such
-        tsv_files = {split: tuple(filter(_read_here, files))
-                     for split, files in (builder.config.data_files or {}).items()}
-    return HubDataset(builder, tsv_files)
+    return HubDataset(builder, _row_files(builder.config))
+
+
+def _row_files(config: datasets.BuilderConfig) -> dict[str, RowFiles]:
+    """Each split's delimited files to check (``check_rows``): those of a CSV dataset read
+    with a header line, its quotes as pandas reads them by default or none (``csv_options``:
+    a ``.tsv``), that can be read here."""
+    if not isinstance(config, CsvConfig) or config.header != "infer" or config.escapechar \
+            or not config.doublequote or config.quoting not in (csv.QUOTE_MINIMAL, csv.QUOTE_NONE):
+        return {}
+    quotechar = None if config.quoting == csv.QUOTE_NONE else config.quotechar
+    return {split: RowFiles(tuple(filter(_read_here, files)), config.sep, quotechar)
+            for split, files in (config.data_files or {}).items()}
 
 
 @contextmanager
@@ -513,7 +582,7 @@ def _from_hub(cfg: DataConfig, hub: HubDataset) -> dict[str, Source]:
             src, tgt = cfg.src_lang, cfg.tgt_lang
             with stream_errors(name) if cfg.hub_streaming else nullcontext():  # reads its first rows
                 rows = _language_columns(splits[found], src, tgt, name)
-            files = hub.tsv_files.get(found, ())
+            files = hub.row_files.get(found, RowFiles())
             corpus[split] = HubStream(name, cfg.hub_config, found, rows, src, tgt, files) \
                 if cfg.hub_streaming else HubSplit(rows, src, tgt, files)
     if "train" not in corpus or "val" not in corpus:
