@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import datasets
+import huggingface_hub
 import numpy as np
 import pytest
 
@@ -31,7 +32,7 @@ from nmt.cli.decoding import input_chunks
 from nmt.config import DataConfig, load_config
 from nmt.data import prepare as prepare_module
 from nmt.data.batching import PairDataset, TokenBatchSampler, collate
-from nmt.data.corpus import load_corpus, read_pairs, split_sources
+from nmt.data.corpus import RowFiles, check_rows, load_corpus, read_pairs, split_sources
 from nmt.data.module import TranslationDataModule, prepare_data, split_dataset
 from nmt.data.prepare import check_prepared_text, load_side, prepare, sample_pairs
 from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
@@ -561,6 +562,41 @@ def test_a_csv_row_with_fields_missing_is_an_error(tmp_path, capsys, monkeypatch
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last == f"error: {bad / 'train.csv'}, line {line}: {error}"
         assert not list((tmp_path / "data").glob("prepared/*"))  # nothing half-built left
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("compress", [bz2.compress, lzma.compress])
+def test_a_compressed_or_downloaded_tsv_is_checked_as_a_local_one(tmp_path, capsys, monkeypatch,
+                                                                    streaming, compress):
+    """A Hub dataset's .tsv compressed otherwise than gzip (.bz2, .xz: datasets decompresses
+    it) or downloaded from the Hub was not line-checked: a line without its tab was left out
+    silently. It is read as datasets reads it and checked as a local .tsv is; a Hub file from
+    the copy datasets downloaded into the Hub's cache, found without asking the Hub (one
+    never downloaded, as when streamed, is not checked: that would download it twice). A Hub
+    dataset out of reach is still its one-line error."""
+    suffix = {bz2.compress: "bz2", lzma.compress: "xz"}[compress]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for split in ("train", "validation"):
+        lines = ["de\ten", "a\tA", *(["b"] if split == "train" else []), "c\tC"]
+        (bad / f"{split}.tsv.{suffix}").write_bytes(compress(("\n".join(lines) + "\n").encode()))
+    assert main(["prepare", f"data.hub_dataset={bad}", f"data.data_dir={tmp_path / 'data'}",
+                 f"data.hub_streaming={streaming}", "data.vocab_size=60"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {bad / f'train.tsv.{suffix}'}, line 3: 0 tabs where the header line has 1: each line "
+        "holds a whole pair (a sentence broken over two lines, or a tab lost?)")
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hub" / "datasets--someone--pairs" / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (snapshot / "train.tsv").write_text("de\ten\na\tA\nb\n", encoding="utf-8")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    hub_file = f"hf://datasets/someone/pairs@{revision}/train.tsv"
+    with pytest.raises(NMTError, match=rf"^{re.escape(hub_file)}, line 3: 0 tabs where the header"):
+        check_rows(RowFiles((hub_file,)))
+    check_rows(RowFiles((hub_file.replace("train", "test"),)))  # not downloaded: not checked
+    assert main(["prepare", "data.hub_dataset=someone/pairs", f"data.data_dir={tmp_path / 'data'}"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "error: the Hub dataset 'someone/pairs' (data.hub_dataset) could not be loaded: ")
 
 
 def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):

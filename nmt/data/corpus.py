@@ -22,17 +22,22 @@ import codecs
 import csv
 import hashlib
 import itertools
+import lzma
 import os
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import datasets
+import huggingface_hub
 import numpy as np
 from datasets.exceptions import DatasetGenerationError
 from datasets.packaged_modules.csv.csv import CsvConfig
+from datasets.utils.file_utils import xopen
+from fsspec.utils import infer_compression
 
 from nmt.config import DataConfig
 from nmt.errors import NMTError, first_line
@@ -205,11 +210,11 @@ def read_lines(path: str) -> Iterator[list[str]]:
             yield lines
 
 
-def line_blocks(path: str) -> Iterator[tuple[bytes, int]]:
+def line_blocks(path: str, opener: Opener = open_bytes) -> Iterator[tuple[bytes, int]]:
     """The bytes of a file (see ``read_blocks``) in blocks of whole lines (the last may lack
     its ``\\n``), each with the number of lines before it."""
     done, rest = 0, b""
-    for block in itertools.chain(read_blocks(path), [b""]):  # b"": the end, takes the rest
+    for block in itertools.chain(read_blocks(path, opener), [b""]):  # b"": the end, takes the rest
         data = rest + block
         cut = len(data) if not block else data.rfind(b"\n") + 1  # whole lines only
         data, rest = data[:cut], data[cut:]
@@ -218,16 +223,22 @@ def line_blocks(path: str) -> Iterator[tuple[bytes, int]]:
             done += data.count(b"\n")
 
 
-def read_blocks(path: str) -> Iterator[bytes]:
-    """The bytes of a file (``.gz`` decompressed), in non-empty blocks of up to
-    ``CHUNK_BYTES``, less a UTF-8 byte-order mark at its start (Windows editors write one: it
-    is not text of the first line)."""
-    with open_bytes(path) as f:
+# Opens a file to read its bytes: ``open_bytes`` (plain or ``.gz``), or ``open_as_datasets``
+Opener = Callable[[str], AbstractContextManager[BinaryIO]]
+
+
+def read_blocks(path: str, opener: Opener = open_bytes) -> Iterator[bytes]:
+    """The bytes of a file (``.gz`` decompressed, or as ``opener`` reads it), in non-empty
+    blocks of up to ``CHUNK_BYTES``, less a UTF-8 byte-order mark at its start (Windows
+    editors write one: it is not text of the first line)."""
+    with opener(path) as f:
         for number in itertools.count():
             try:
                 block = f.read(CHUNK_BYTES)
-            except GZIP_ERRORS as err:
-                raise NMTError(f"{path}: damaged gzip file ({err})") from None
+            except (*GZIP_ERRORS, OSError, lzma.LZMAError) as err:  # bz2's is an OSError
+                if (kind := infer_compression(path)) is None:
+                    raise  # not a decompressor's: the disk's
+                raise NMTError(f"{path}: damaged {kind} file ({err})") from None
             if not block:
                 return
             if number == 0:
@@ -268,6 +279,12 @@ def line_break_error(path: str, line: int, char: str) -> NMTError:
                     r"\n only, so pairs would shift: replace it with a space")
 
 
+def open_as_datasets(path: str) -> AbstractContextManager[BinaryIO]:
+    """A dataset's local file, decompressed as datasets' readers decompress it (gzip, bzip2,
+    xz, ... as its name says)."""
+    return xopen(datasets.StreamingDownloadManager().extract(path), "rb")
+
+
 def check_rows(files: RowFiles) -> None:
     """A one-line error naming the first line of a split's delimited files (``RowFiles``)
     that pandas would not read as one whole row, silently:
@@ -284,12 +301,16 @@ def check_rows(files: RowFiles) -> None:
     A row a line (a ``.tsv`` file) is counted vectorised (numpy), as pandas reads: 0.3-0.45 s
     for 1M lines (176 MB), about a fifth of datasets' first load of them; a quoted one (a
     ``.csv`` file, whose quoted fields may hold separators and line breaks) by Python's CSV
-    reader, 1.5-2 s for 1M lines (190 MB). Once per read of a split, none at a start that finds it
-    prepared."""
+    reader, 1.5-2 s for 1M lines (190 MB). Once per read of a split, none at a start that
+    finds it prepared. A file is read here as datasets reads it (``open_as_datasets``), a Hub file
+    from the copy datasets downloaded; one it streams (``data.hub_streaming``) or one
+    elsewhere on the web is not checked: that would download it twice."""
     rows = _quoted_rows if files.quotechar else _unquoted_rows
     for path in files.paths:
+        if (copy := _local_copy(path)) is None:
+            continue
         header = None
-        for lines, separators, lone in rows(path, files):
+        for lines, separators, lone in rows(copy, files):
             if header is None and len(separators):
                 header = int(separators[0])
             short = np.flatnonzero(separators < header) if header is not None else []
@@ -311,7 +332,7 @@ Rows = Iterator[tuple[np.ndarray, np.ndarray, int | None]]
 def _unquoted_rows(path: str, files: RowFiles) -> Rows:
     """The rows of a file of a row a line, counted in blocks of bytes (numpy)."""
     sep = ord(files.sep)
-    for data, done in line_blocks(path):
+    for data, done in line_blocks(path, open_as_datasets):
         text = np.frombuffer(data, np.uint8)
         ends = np.flatnonzero(text == ord("\n"))
         starts = np.concatenate(([0], ends + 1))[:len(ends) + (text[-1] != ord("\n"))]
@@ -355,7 +376,7 @@ def _text_lines(path: str) -> Iterator[str]:
     """The lines of a file, split at ``\\n`` alone (a line break elsewhere is the CSV
     reader's to see), without it; bytes that are not UTF-8 are left for datasets' reader to
     report."""
-    for data, _ in line_blocks(path):
+    for data, _ in line_blocks(path, open_as_datasets):
         yield from data.decode("utf-8", "surrogateescape").removesuffix("\n").split("\n")
 
 
@@ -535,12 +556,13 @@ def resolve_hub(cfg: DataConfig) -> HubDataset:
 def _row_files(config: datasets.BuilderConfig) -> dict[str, RowFiles]:
     """Each split's delimited files to check (``check_rows``): those of a CSV dataset read
     with a header line, its quotes as pandas reads them by default or none (``csv_options``:
-    a ``.tsv``), that can be read here."""
-    if not isinstance(config, CsvConfig) or config.header != "infer" or config.escapechar \
-            or not config.doublequote or config.quoting not in (csv.QUOTE_MINIMAL, csv.QUOTE_NONE):
+    a ``.tsv``), split at one character (pandas takes a longer ``sep`` for a pattern)."""
+    if not isinstance(config, CsvConfig) or config.header != "infer" or len(config.sep) != 1 \
+            or config.escapechar or not config.doublequote \
+            or config.quoting not in (csv.QUOTE_MINIMAL, csv.QUOTE_NONE):
         return {}
     quotechar = None if config.quoting == csv.QUOTE_NONE else config.quotechar
-    return {split: RowFiles(tuple(filter(_read_here, files)), config.sep, quotechar)
+    return {split: RowFiles(tuple(files), config.sep, quotechar)
             for split, files in (config.data_files or {}).items()}
 
 
@@ -612,17 +634,22 @@ def stream_errors(name: str) -> Iterator[None]:
         raise NMTError(f"the Hub dataset '{name}' could not be read: {_reason(err)}") from None
 
 
-def _read_here(path: str) -> bool:
-    """Whether a dataset's file is on this machine and can be read here as it is
-    (``read_blocks``): plain or ``.gz``. A Hub dataset's remote files, and files compressed
-    otherwise, which datasets decompresses its own way, cannot."""
-    return Path(path).is_file() and (path.endswith(".gz") or not _compressed(path))
+# A Hub dataset's file as datasets names it: hf://datasets/<owner>/<name>@<revision>/<path>
+HUB_FILE = re.compile(r"hf://datasets/(?P<repo>[^/@]+/[^/@]+)@(?P<revision>[^/]+)/(?P<path>.+)")
 
 
-def _compressed(path: str) -> bool:
-    """Whether a file's first bytes say it is compressed (or not UTF-8 text: ``what_it_is``)."""
-    with open(path, "rb") as f:
-        return what_it_is(f.read(8)) != ""
+def _local_copy(path: str) -> str | None:
+    """A dataset's file on this machine: a local one, or the copy of a Hub file that datasets
+    downloaded (in the Hub's cache; found without asking the Hub); None where there is none
+    (streamed, or elsewhere on the web)."""
+    if Path(path).is_file():
+        return path
+    if hub_file := HUB_FILE.fullmatch(path):
+        copy = huggingface_hub.try_to_load_from_cache(hub_file["repo"], hub_file["path"],
+                                                      revision=hub_file["revision"],
+                                                      repo_type="dataset")
+        return copy if isinstance(copy, str) else None  # or a marker: known to be missing
+    return None
 
 
 def csv_options(config: datasets.BuilderConfig, languages: tuple[str, str]) -> dict:
