@@ -118,13 +118,14 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
     for number, text in enumerate(texts, start=1):
         if not _is_unicode(text):
             return Rejected(f"text {number} is not valid Unicode (a lone surrogate escape)")
-    if type(beam) is not int or not 1 <= beam <= MAX_BEAM:  # bool is an int: excluded
+    whole_beam = integral(beam)
+    if type(whole_beam) is not int or not 1 <= whole_beam <= MAX_BEAM:  # bool is an int: excluded
         return Rejected(f"'beam' must be an integer from 1 to {MAX_BEAM}, got {quoted(beam)}")
     if not isinstance(attention, bool):
         return Rejected(f"'attention' must be true or false, got {quoted(attention)}")
     if model not in models:
         return Rejected(f"unknown model {quoted(model)}; served: {', '.join(map(quoted, models))}")
-    return Job(texts, beam, attention, model)
+    return Job(texts, whole_beam, attention, model)
 
 
 def optional(body: dict, key: str, default: Any) -> Any:
@@ -132,6 +133,13 @@ def optional(body: dict, key: str, default: Any) -> Any:
     box sends it (the page's beam box, cleared, sent null and got a 400)."""
     value = body.get(key)
     return default if value is None else value
+
+
+def integral(value: Any) -> Any:
+    """A float that is a whole number (``2.0``) as the integer it is: JSON clients often send
+    every number as a float (JavaScript has no other), and ``"beam": 2.0`` got a 400. Any
+    other value is returned as it is, for its field's check to refuse (``2.5``) or take."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def quoted(value: Any) -> str:
@@ -332,8 +340,15 @@ async def bad_body(request: Request, error: RequestValidationError) -> JSONRespo
 
 
 async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-    """Every other HTTP error (unreadable body, timeout, ...) in the same {"error": ...} form."""
-    return JSONResponse({"error": str(error.detail)}, status_code=error.status_code,
+    """Every other HTTP error (unreadable body, timeout, ...) in the same {"error": ...} form.
+    A body that is not UTF-8 is said so, where FastAPI says only "There was an error parsing
+    the body": it parses the JSON (LitServe hands ``decode_request`` the parsed body, in its
+    worker, or with a ``Request`` parameter parses it itself), and keeps why as the cause."""
+    message = str(error.detail)
+    if isinstance(cause := error.__cause__, UnicodeDecodeError):
+        where = f" (byte {cause.start})" if cause.encoding == "utf-8" else ""  # from 0, as a file's
+        message = f"the body is not valid UTF-8{where}: send the JSON encoded as UTF-8"
+    return JSONResponse({"error": message}, status_code=error.status_code,
                         headers=getattr(error, "headers", None))
 
 

@@ -173,6 +173,8 @@ def test_attention_matrix_with_pieces(server, runs):
     ({"text": ["x"], "beam": True}, "'beam' must be an integer from 1 to 16, got true"),
     ({"text": ["x"], "beam": "5"}, "'beam' must be an integer"),
     ({"text": ["x"], "beam": 0}, "'beam' must be an integer"),
+    ({"text": ["x"], "beam": 2.5}, "'beam' must be an integer from 1 to 16, got 2.5"),
+    ({"text": ["x"], "beam": 0.0}, "'beam' must be an integer from 1 to 16, got 0.0"),
     ({"text": ["x"], "attention": 1}, "'attention' must be true or false"),
     ({"text": ["x"], "model": "third"}, 'unknown model "third"; served: "first", "second"'),
     ({"text": ["x"], "model": "modèle"}, 'unknown model "modèle"'),  # as sent, not \\u00e8
@@ -183,7 +185,8 @@ def test_attention_matrix_with_pieces(server, runs):
     (b"[1, 2]", "the body must be a JSON object"),
     (b'{"text": [', "not valid JSON"),
     (b"", "the body is empty"),
-    (b'{"text": ["\xff\xfe"]}', "error parsing the body"),  # not UTF-8
+    # not UTF-8: FastAPI's "There was an error parsing the body" before
+    (b'{"text": ["\xff\xfe"]}', "the body is not valid UTF-8 (byte 11): send the JSON encoded as UTF-8"),
     (b'{"text": ["ok", "\\ud800"]}', "text 2 is not valid Unicode"),  # a lone surrogate
     (b'{"text": ["x"], "beam": ' + b"[" * 8 + b"]" * 8 + b"}", "nests deeper than 8 levels"),
     # deeper than pickle could take on its way to the worker: a 500 before
@@ -203,6 +206,17 @@ def test_null_means_the_default_as_an_omitted_field():
     nulls = {"text": ["x"], "beam": None, "attention": None, "model": None}
     assert parse_request(nulls, models, 2) == parse_request({"text": ["x"]}, models, 2) \
         == Job(["x"], 2, False, "first")
+
+
+def test_a_whole_number_sent_as_a_float_is_an_integer():
+    """JSON clients often send every number as a float (JavaScript has no other): "beam": 2.0
+    got a 400 "'beam' must be an integer"; it is beam 2 now, where 2.5 is still refused."""
+    from nmt.serve import Job, Rejected, parse_request
+
+    models = ["first"]
+    assert parse_request({"text": ["x"], "beam": 2.0}, models, 5) == Job(["x"], 2, False, "first")
+    assert parse_request({"text": ["x"], "beam": 1e300}, models, 5) == \
+        Rejected("'beam' must be an integer from 1 to 16, got 1e+300")
 
 
 def test_body_without_json_content_type(server):
