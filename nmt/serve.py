@@ -39,6 +39,7 @@ import torch
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from litserve.loops.simple_loops import BatchedLoop, SingleLoop
 from pydantic import AfterValidator
 from starlette.exceptions import HTTPException
 
@@ -168,6 +169,34 @@ def attention_view(translation) -> dict | None:
             "weights": [[round(w, 4) for w in row] for row in weights.tolist()]}
 
 
+class QueuesGone:
+    """A LitServe worker loop that ends quietly where the queues it reads are gone with
+    LitServe's manager (the process that held them): the worker printed a 30-line traceback
+    (EOFError, at ``request_queue.get``) above the server's one line that says the manager died.
+    The worker ends as a finished one (status 0): the death is the manager's, which
+    ``run_server`` reports; a status of 1 would blame the worker (``worker_death``)."""
+
+    def __call__(self, *args, **kwargs) -> None:
+        try:
+            super().__call__(*args, **kwargs)
+        except (EOFError, BrokenPipeError, ConnectionResetError):  # what a dead manager's queues raise
+            return
+
+
+class QuietSingleLoop(QueuesGone, SingleLoop):
+    """LitServe's loop for a batch of one (``--max-batch 1``), ending quietly (``QueuesGone``)."""
+
+
+class QuietBatchedLoop(QueuesGone, BatchedLoop):
+    """LitServe's loop for batches, ending quietly (``QueuesGone``)."""
+
+
+def worker_loop(max_batch: int) -> QueuesGone:
+    """The loop LitServe would choose for ``max_batch`` (``get_default_loop``), ending quietly
+    where its queues are gone."""
+    return QuietBatchedLoop() if max_batch > 1 else QuietSingleLoop()
+
+
 class TranslationAPI(litserve.LitAPI):
     """LitServe's view of our translators: decode_request -> predict (batched) -> response."""
 
@@ -175,7 +204,7 @@ class TranslationAPI(litserve.LitAPI):
                  weights: str | None = None, precision: str | None = None,
                  ensemble: list[str] = ()):
         super().__init__(max_batch_size=max_batch, batch_timeout=BATCH_TIMEOUT,
-                         api_path="/translate")
+                         api_path="/translate", loop=worker_loop(max_batch))
         self.runs, self.engine, self.default_beam = runs, engine, default_beam
         # as translate's --weights, --precision and --ensemble (the one run's members)
         self.weights, self.precision, self.ensemble = weights, precision, list(ensemble)
