@@ -23,6 +23,7 @@ rejected request travels through the batch as a ``Rejected`` and only its own an
 """
 
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -197,6 +198,21 @@ def worker_loop(max_batch: int) -> QueuesGone:
     return QuietBatchedLoop() if max_batch > 1 else QuietSingleLoop()
 
 
+class TimeoutAdvice(logging.Filter):
+    """LitServe's log line for each request it answers 504 ends with advice for its own API,
+    "You can adjust the timeout by providing the `timeout` argument to LitServe(...,
+    timeout=30).", which a user of nmt serve cannot act on: it names ``--timeout`` instead.
+    Every record passes; that sentence alone is rewritten."""
+
+    LITSERVE = "You can adjust the timeout by providing the `timeout` argument to LitServe(..., timeout=30)."
+    OURS = "Raise the limit with nmt serve --timeout SECONDS (0: none)."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and self.LITSERVE in record.msg:
+            record.msg = record.msg.replace(self.LITSERVE, self.OURS)
+        return True
+
+
 class TranslationAPI(litserve.LitAPI):
     """LitServe's view of our translators: decode_request -> predict (batched) -> response."""
 
@@ -218,6 +234,7 @@ class TranslationAPI(litserve.LitAPI):
         # quietly instead, as on SIGTERM (how the server's own shutdown stops it); not ignored,
         # as a worker left running would keep a server interrupted while starting from exiting.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        logging.getLogger(SingleLoop.__module__).addFilter(TimeoutAdvice())  # its loops' logger
         # auto's precision for a batch of requests at --beam (a request may name another)
         self.translators = {name: load_translator(path, self.engine, device, self.weights,
                                                   self.precision, self.max_batch_size,

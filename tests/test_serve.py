@@ -293,11 +293,13 @@ def test_a_server_of_batches_of_one_answers_each_request(runs, tmp_path):
 
 def test_a_request_that_waits_past_the_timeout_gets_a_504(runs, tmp_path):
     """--timeout: requests queued behind others longer than it are answered 504 in our
-    one-line JSON form, the others translated."""
+    one-line JSON form, the others translated. The log says so, naming --timeout, not the
+    argument of LitServe's Python API its own line advised."""
     translators, paths, sentences = runs
+    log = tmp_path / "serve.log"
     process, url = start_server(["--checkpoint", str(paths[0]), "--max-batch", "1",
                                  "--timeout", "0.1", "--precision", "32-true",
-                                 "--weights", "best.ckpt"], tmp_path / "serve.log")
+                                 "--weights", "best.ckpt"], log)
     body = {"text": (sentences * 64)[:64], "beam": 8}  # the most a request may ask
     try:
         with ThreadPoolExecutor(8) as pool:
@@ -307,6 +309,10 @@ def test_a_request_that_waits_past_the_timeout_gets_a_504(runs, tmp_path):
     statuses = sorted(status for status, _ in answers)
     assert statuses[0] == 200 and statuses[-1] == 504, statuses
     assert all(answer == {"error": "Request timed out"} for status, answer in answers if status == 504)
+    timed_out = [line for line in log.read_text().splitlines() if "has been timed out" in line]
+    assert len(timed_out) == statuses.count(504) and all(line.endswith(
+        "(0.1 seconds) and has been timed out. Raise the limit with nmt serve --timeout SECONDS (0: none).")
+        for line in timed_out), timed_out
 
 
 def test_ctrl_c_stops_the_server_without_a_traceback(runs, tmp_path):
