@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, write_corpus
 
 
 def run_script(monkeypatch, script: str, *argv: str) -> int:
@@ -47,6 +47,27 @@ def test_a_count_of_nothing_is_refused_before_any_work(monkeypatch, capsys, scri
     monkeypatch.chdir(REPO)
     assert run_script(monkeypatch, script, *argv) == 2
     assert f"argument {option}: must be a whole number >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_bench_plain_loop_prints_its_results_without_lightnings_end_of_fit(monkeypatch, capfd,
+                                                                          tmp_path):
+    """bench_plain_loop printed Lightning's "`Trainer.fit` stopped: `max_steps=N` reached."
+    (from its measurement of ours, in a child process) among its results."""
+    import yaml
+
+    files = write_corpus(tmp_path)
+    config = yaml.safe_load((REPO / "configs" / "transformer.yaml").read_text())
+    config["data"].update(train_files=files["train"], val_files=files["val"], vocab_size=100,
+                          data_dir=str(tmp_path / "data"), max_tokens=600)
+    config["model"].update(d_model=32, heads=2, ff_dim=64, encoder_layers=1, decoder_layers=1)
+    config["trainer"].update(accelerator="cpu", precision="32-true")
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    assert run_script(monkeypatch, "bench_plain_loop.py", "tiny.yaml", "--steps", "1",
+                      "--warmup", "0", "--rounds", "1") is None  # sys.exit(None): success
+    out, err = capfd.readouterr()
+    assert "tiny.yaml ours:" in out and "| tiny.yaml |" in out
+    assert "Trainer.fit" not in out + err and "GPU available" in out + err  # Lightning's other lines stay
 
 
 def test_a_learning_curve_of_no_run_is_one_line(monkeypatch, capsys, tmp_path):
