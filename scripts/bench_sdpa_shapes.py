@@ -11,11 +11,13 @@ NVIDIA H100 (torch 2.11): cuDNN 643 ms for a new shape, 0.52 ms again; without i
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
 import torch
 import torch.nn.functional as F
+
+from nmt.errors import NMTError, run_script
 
 HEADS, HEAD_DIM, SHAPES = 4, 64, [(128 + i, 20 + i, 22 + i) for i in range(12)]
 
@@ -34,8 +36,12 @@ def step_ms(batch: int, tgt_len: int, src_len: int) -> float:
 
 
 def main() -> None:
+    paragraphs = __doc__.split("\n\n")  # what it measures, how to run it, the shapes and results
+    argparse.ArgumentParser(description=f"{paragraphs[0]} It needs a CUDA GPU.",
+                            epilog=paragraphs[2]).parse_args()
     if not torch.cuda.is_available():
-        sys.exit("bench_sdpa_shapes: needs a CUDA GPU")
+        raise NMTError("bench_sdpa_shapes.py times torch's fused attention on a CUDA GPU, and "
+                       "torch sees none here")
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     for cudnn in (True, False):
@@ -47,4 +53,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -70,6 +70,19 @@ def test_bench_plain_loop_prints_its_results_without_lightnings_end_of_fit(monke
     assert "Trainer.fit" not in out + err and "GPU available" in out + err  # Lightning's other lines stay
 
 
+def test_bench_sdpa_shapes_says_what_it_does_and_needs(monkeypatch, capsys):
+    """bench_sdpa_shapes.py --help printed only "needs a CUDA GPU" (and exited 1) on a machine
+    without one: its help now describes it anywhere, and a run without CUDA is one line."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert run_script(monkeypatch, "bench_sdpa_shapes.py", "--help") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "How much a new (batch, length) shape costs torch's fused attention" in out
+    assert "Each of 12 shapes" in out
+    assert run_script(monkeypatch, "bench_sdpa_shapes.py") == 1
+    assert capsys.readouterr().err == ("error: bench_sdpa_shapes.py times torch's fused attention "
+                                       "on a CUDA GPU, and torch sees none here\n")
+
+
 def test_a_learning_curve_of_no_run_is_one_line(monkeypatch, capsys, tmp_path):
     """learning_curve.py of a mistyped run drew an empty learning_curve.png and printed the
     name, as if the run had no validations yet."""
