@@ -6,6 +6,7 @@ Speeds are wall-clock on this machine; compare them as ratios measured in one ru
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from pathlib import Path
@@ -115,6 +116,19 @@ def significant(value: float, digits: int = 3) -> float:
     return float(f"{value:.{digits}g}")
 
 
+class FitStopped(logging.Filter):
+    """Drops Lightning's "`Trainer.fit` stopped: `max_steps=N` reached.": the bench's own end
+    at the steps it asked for, which stood among its results (and among
+    scripts/bench_plain_loop.py's) as if it said something about them; Lightning's other
+    lines pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("`Trainer.fit` stopped:")
+
+
+FIT_STOPPED = FitStopped()  # one instance: adding it again to a logger adds nothing
+
+
 def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     """Tokens/s and FLOP utilisation of ``steps`` Lightning training steps after warm-up."""
     check_training_config(config)  # the options nmt train refuses, refused here as there
@@ -127,6 +141,8 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     trainer = benchmark_trainer(config, warmup + steps, [timer], precision)
     datamodule = TranslationDataModule(data, config.data, config.seed, model.max_positions)
     check_batches_per_process(datamodule, config, 1)  # none at all: as nmt train says it
+    # Lightning's console lines come through its rank-zero logger (Python's logging)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(FIT_STOPPED)
     trainer.fit(module, datamodule=datamodule)
     device = trainer.strategy.root_device
     peak = matmul_peak_gflops(torch.float32, device)

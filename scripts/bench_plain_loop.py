@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import multiprocessing
 import statistics
 import time
@@ -120,23 +119,11 @@ def _time_plain_loop(config: Config, steps: int, warmup: int, levers: bool) -> t
     return round(tokens / seconds, 1), precision
 
 
-class FitStopped(logging.Filter):
-    """Drops Lightning's "`Trainer.fit` stopped: `max_steps=N` reached." (its loop's end at
-    the steps ``ours`` asks for), which stood among this script's results as if it said
-    something about them; Lightning's other lines pass."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("`Trainer.fit` stopped:")
-
-
 def ours(config_path: str, steps: int, warmup: int) -> dict:
     """``nmt bench train`` in a fresh process, with the allocator setting ``nmt`` makes."""
     from nmt.allocator import keep_freed_memory
     from nmt.bench import bench_train
 
-    # Lightning's console lines come through its rank-zero logger; its docs configure them
-    # with Python's logging
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(FitStopped())
     keep_freed_memory()
     summary = bench_train(load_config(config_path), steps, warmup)
     return {"loop": "ours", "tgt_tok_per_s": summary["tgt_tok_per_s"],
