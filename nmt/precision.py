@@ -224,6 +224,16 @@ def resolve_precision(precision: str, choose_on_cpu: Callable[[], PrecisionChoic
     return choose_on_cpu()
 
 
+# Lightning takes short names for precisions it names otherwise when it runs in them
+# (``Trainer.precision``, which a run's segments record): one precision, two spellings
+LIGHTNING_NAMES = {"bf16": "bf16-mixed", "16": "16-mixed", "32": "32-true", "64": "64-true"}
+
+
+def lightning_name(precision: str) -> str:
+    """``precision`` as Lightning names it when it runs in it: bf16 is bf16-mixed."""
+    return LIGHTNING_NAMES.get(str(precision), str(precision))
+
+
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}  # by Lightning's prefix
 
 

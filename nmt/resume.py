@@ -31,7 +31,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError, first_line
 from nmt.files import remove_empty, write_atomic
 from nmt.models import MODELS
-from nmt.precision import PrecisionChoice
+from nmt.precision import PrecisionChoice, lightning_name
 from nmt.provenance import device_name
 from nmt.run_identity import check_identity, run_identity
 
@@ -87,7 +87,7 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
     before, now = with_model_defaults(before), with_model_defaults(now)
     for key in sorted(before.keys() | now.keys(), key=lambda k: (k not in PLAINEST, k)):
         if key not in RESUMABLE_CHANGES | CORPUS_FILES and key.split(".")[0] != "decoding" \
-                and before.get(key) != now.get(key) and not _precision_chosen(key, before, now):
+                and before.get(key) != now.get(key) and not _same_or_chosen_precision(key, before, now):
             raise NMTError(
                 f"{run_dir} holds a run trained with {key}={before.get(key)!r}, not "
                 f"{now.get(key)!r}; resume it with the same value, or choose another --run-dir"
@@ -133,12 +133,16 @@ def decoding_changes(config: Config, run_dir: Path) -> str | None:
     return line + "; translate and evaluate take the new values"
 
 
-def _precision_chosen(key: str, before: dict, now: dict) -> bool:
-    """Whether ``key`` is trainer.precision, given as ``auto`` on one side: ``auto`` resumes in
-    the precision the run trained in (``kept_precision``), and a precision given over it is
-    the user's choice (another machine, where the kept one is slow). Two precisions given,
-    and different, change the trajectory."""
-    return key == "trainer.precision" and "auto" in (before.get(key), now.get(key))
+def _same_or_chosen_precision(key: str, before: dict, now: dict) -> bool:
+    """Whether ``key`` is trainer.precision, given as ``auto`` on one side or as two names of
+    one precision (bf16 and bf16-mixed: ``lightning_name``): ``auto`` resumes in the precision
+    the run trained in (``kept_precision``), and a precision given over it is the user's choice
+    (another machine, where the kept one is slow). Two precisions given, and different, change
+    the trajectory."""
+    if key != "trainer.precision":
+        return False
+    this, that = before.get(key), now.get(key)
+    return "auto" in (this, that) or lightning_name(this) == lightning_name(that)
 
 
 def kept_precision(checkpoint: dict) -> PrecisionChoice | None:

@@ -38,6 +38,7 @@ from nmt.precision import (
     AUTOCAST_DTYPES,
     PrecisionChoice,
     choose_cpu_precision,
+    lightning_name,
     probe_shapes,
     resolve_precision,
 )
@@ -63,7 +64,7 @@ def training_precision(config: Config, kept: PrecisionChoice | None = None) -> P
         choice = resolve_precision(config.trainer.precision,
                                    lambda: choose_cpu_precision(shapes, leader=rank_zero),
                                    config.trainer.accelerator)
-    if kept is not None and LIGHTNING_NAMES.get(choice.precision, choice.precision) != kept.precision:
+    if kept is not None and lightning_name(choice.precision) != kept.precision:
         choice = replace(choice, reason=f"{choice.reason}; the run trained in {kept.precision} "
                                         "so far")
     if choice not in _announced and rank_zero:  # once per process
@@ -101,17 +102,11 @@ class CachedMixedPrecision(MixedPrecision):
             super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
 
 
-MIXED_ALIASES = {"bf16": "bf16-mixed", "16": "16-mixed"}  # Lightning's names for the same
-# The names Lightning gives the precisions it runs in (``Trainer.precision``, which a run's
-# segments record), by the short names it also takes
-LIGHTNING_NAMES = {**MIXED_ALIASES, "32": "32-true"}
-
-
 def trainer_precision(choice: PrecisionChoice, accelerator: str) -> tuple[str | None, list]:
     """``L.Trainer``'s ``precision`` flag and precision plugins for ``choice``: a mixed
     precision (bf16-mixed, 16-mixed, or Lightning's short names for them, bf16 and 16) as
     ``CachedMixedPrecision``, any other by its name."""
-    precision = MIXED_ALIASES.get(choice.precision, choice.precision)
+    precision = lightning_name(choice.precision)
     if not precision.endswith("-mixed"):
         return precision, []
     cuda = torch.cuda.is_available() and accelerator in ("auto", "cuda", "gpu")

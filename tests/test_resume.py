@@ -174,8 +174,11 @@ def test_a_resumed_auto_run_keeps_its_precision_unless_one_is_given(corpus, tmp_
     assert main(args(corpus, tmp_path, "trainer.precision=32-true", "trainer.max_steps=5")) == 1
     assert "holds a run trained with trainer.precision='bf16-mixed', not '32-true'" \
         in capsys.readouterr().err
+    # ... but bf16, Lightning's short name for bf16-mixed, is the same precision: resumed
+    assert main(args(corpus, tmp_path, "trainer.precision=bf16", "trainer.max_steps=5")) == 0
+    assert _segment_precisions(tmp_path)[-1] == "bf16-mixed"
     # ... and auto goes on in the precision given last
-    assert main(args(corpus, tmp_path, auto, "trainer.max_steps=5")) == 0
+    assert main(args(corpus, tmp_path, auto, "trainer.max_steps=6")) == 0
     assert _segment_precisions(tmp_path)[-1] == "bf16-mixed"
 
 
