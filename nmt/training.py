@@ -33,7 +33,8 @@ from nmt.average import final_weights
 from nmt.callbacks import StopOnSignals, validation_on_cadence
 from nmt.config import DECODING_PRECISIONS, Config, DecodingConfig, OptimConfig, run_dir_of, save_config
 from nmt.data.batching import Batch, TokenBatchSampler
-from nmt.data.corpus import local_sources, resolve_hub, split_sources
+from nmt.data.corpus import local_sources, split_sources
+from nmt.data.hub import resolve_hub
 from nmt.data.module import (
     PreparedData,
     TranslationDataModule,

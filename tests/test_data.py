@@ -32,9 +32,10 @@ from nmt.cli.decoding import input_chunks
 from nmt.config import DataConfig, load_config
 from nmt.data import prepare as prepare_module
 from nmt.data.batching import PairDataset, TokenBatchSampler, collate
-from nmt.data.corpus import RowFiles, check_rows, load_corpus, read_pairs, split_sources
+from nmt.data.corpus import load_corpus, read_pairs, split_sources
 from nmt.data.module import TranslationDataModule, prepare_data, split_dataset
 from nmt.data.prepare import check_prepared_text, load_side, prepare, sample_pairs
+from nmt.data.text_files import RowFiles, check_rows
 from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
 from nmt.errors import NMTError
 
@@ -466,7 +467,7 @@ def test_a_tsv_line_ends_at_its_newline_alone(tmp_path, capsys, monkeypatch, str
     one-line error naming the file and the line, wherever it is (in blocks of a few bytes
     here, as in the 16 MiB blocks of a large file), and nothing is left prepared; a file with
     Windows line ends still reads right, with no carriage return left in its targets."""
-    monkeypatch.setattr("nmt.data.corpus.CHUNK_BYTES", 16)
+    monkeypatch.setattr("nmt.data.text_files.CHUNK_BYTES", 16)
     windows = "de\ten\r\n" + "".join(f"s{i}\tt{i}\r\n" for i in range(40))
     name = "train.tsv.gz" if gzipped else "train.tsv"
 
@@ -499,7 +500,7 @@ def test_a_tsv_line_without_its_tab_is_an_error(tmp_path, capsys, monkeypatch, s
     lost) was read with an empty target and left out as such, silently, where the file is
     malformed: it is now a one-line error naming the file and line, wherever it is, and
     nothing is left prepared. Blank lines (pandas reads no row there) are no error."""
-    monkeypatch.setattr("nmt.data.corpus.CHUNK_BYTES", 16)
+    monkeypatch.setattr("nmt.data.text_files.CHUNK_BYTES", 16)
     rows = ["id\tde\ten", *(f"{i}\ts{i}\tt{i}" for i in range(40))]
     rows.insert(5, "")  # blank lines: read as none,
     rows.insert(9, "\r")  # with a Windows line end too
@@ -533,8 +534,8 @@ def test_a_csv_row_with_fields_missing_is_an_error(tmp_path, capsys, monkeypatch
     error naming the file and the line the row starts at, wherever it is, as a .tsv line's,
     and nothing is left prepared. Commas and line breaks inside quotes are no separators nor
     line ends, and a lone carriage return outside them is refused as in a .tsv file."""
-    monkeypatch.setattr("nmt.data.corpus.CHUNK_BYTES", 16)
-    monkeypatch.setattr("nmt.data.corpus.ROW_BLOCK", 4)
+    monkeypatch.setattr("nmt.data.text_files.CHUNK_BYTES", 16)
+    monkeypatch.setattr("nmt.data.text_files.ROW_BLOCK", 4)
     rows = ["id,de,en", *(f"{i},s{i},t{i}" for i in range(40))]
     rows[3] = '2,"s2, ""quoted""","t2\nwith, a line break"'  # lines 4 and 5: one row
     rows.insert(7, "")  # a blank line: read as none
@@ -750,9 +751,9 @@ def test_line_breaks_inside_a_line_are_errors(tmp_path, content, line, reason):
 
 def test_invalid_utf8_past_the_first_chunk_names_its_byte_in_the_line(tmp_path, monkeypatch):
     """The byte was counted from the start of the 16 MiB read chunk the line fell in."""
-    from nmt.data import corpus
+    from nmt.data import text_files
 
-    monkeypatch.setattr(corpus, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(text_files, "CHUNK_BYTES", 64)
     (tmp_path / "a").write_bytes(b"".join(b"line %d\n" % i for i in range(40)) + b"abc\xff\n")
     (tmp_path / "b").write_bytes(b"x\n" * 41)
     with pytest.raises(NMTError, match=re.escape("line 41: not valid UTF-8 (byte 3 of the line)")):
@@ -808,7 +809,7 @@ def _read_all(src_path, tgt_path) -> tuple[list[str], list[str]]:
 
 def test_reading_in_chunks_keeps_pairs_aligned(tmp_path, monkeypatch):
     """Chunks of different line counts on the two sides still pair line n with line n."""
-    monkeypatch.setattr("nmt.data.corpus.CHUNK_BYTES", 7)
+    monkeypatch.setattr("nmt.data.text_files.CHUNK_BYTES", 7)
     (tmp_path / "a").write_text("".join(f"{i}\n" for i in range(50)))
     (tmp_path / "b").write_text("".join(f"line {i}\n" for i in range(50)))
     src, tgt = _read_all(tmp_path / "a", tmp_path / "b")
@@ -953,7 +954,8 @@ def test_a_hub_split_reads_in_either_direction_under_one_fingerprint():
     own, and prepared its own folder and SentencePiece model)."""
     import datasets
 
-    from nmt.data.corpus import HubSplit, _language_columns, source_identity
+    from nmt.data.corpus import source_identity
+    from nmt.data.hub import HubSplit, _language_columns
 
     translation = datasets.Dataset.from_dict({"translation": [{"de": "Hallo", "en": "Hello"}]})
     columns = datasets.Dataset.from_dict({"en": ["Hello"], "de": ["Hallo"], "image": [0]})
@@ -969,7 +971,7 @@ def test_a_hub_translation_column_without_the_pair_is_one_line():
     """A KeyError traceback from inside datasets' map, for a language wmt14's de-en lacks."""
     import datasets
 
-    from nmt.data.corpus import HubStream, _language_columns
+    from nmt.data.hub import HubStream, _language_columns
 
     split = datasets.Dataset.from_dict({"translation": [{"de": "Hallo", "en": "Hello"}]})
     with pytest.raises(NMTError, match="'wmt14' has no translations between fr and en: its "
@@ -1001,7 +1003,7 @@ def test_a_hub_row_missing_a_side_is_an_empty_line_and_other_values_an_error():
     """A null translation was a TypeError traceback from SentencePiece."""
     import datasets
 
-    from nmt.data.corpus import HubSplit, _language_columns
+    from nmt.data.hub import HubSplit, _language_columns
 
     rows = {"de": ["a", "b", None], "en": [None, "c", "d"]}
     columns = HubSplit(datasets.Dataset.from_dict(rows), "de", "en")

@@ -17,7 +17,7 @@ time and a sample of its bytes (``nmt.data.corpus.content_sample``; or the Hub d
 fingerprint), the language pair, ``train_lines``, ``vocab_size`` and
 ``spm_sample``. Change any of them and a new folder is prepared; the same inputs reuse it. Both
 directions of a pair share one folder (the ids are stored per language; a Hub split is keyed
-with its languages' columns in sorted order, ``nmt.data.corpus.HubSplit``). What the key cannot
+with its languages' columns in sorted order, ``nmt.data.hub.HubSplit``). What the key cannot
 see (an edit between the sampled blocks of a large file, its size and time kept)
 ``check_prepared_text`` finds in the validation pairs; in the training split it goes unseen.
 """
@@ -42,7 +42,8 @@ import numpy as np
 
 from nmt.config import DataConfig
 from nmt.data.batching import Ragged
-from nmt.data.corpus import Source, hub_name, read_pairs, source_identity, split_sources
+from nmt.data.corpus import Source, read_pairs, source_identity, split_sources
+from nmt.data.hub import hub_name
 from nmt.data.tokenizer import Tokenizer, train_tokenizer
 from nmt.errors import NMTError, first_line
 from nmt.memory import usable_cpus
