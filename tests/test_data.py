@@ -331,8 +331,8 @@ def test_a_training_file_replaced_with_its_size_and_time_kept_is_prepared_again(
     is never compared with what was prepared. Its key now holds a sample of its bytes: the
     new text is prepared anew; ``large``: a file larger than the sample (read in blocks)."""
     if large:  # 4 blocks of 64 bytes: the 7 KB training files are read in part
-        monkeypatch.setattr("nmt.data.corpus.SAMPLE_BYTES", 64, raising=False)
-        monkeypatch.setattr("nmt.data.corpus.SAMPLE_BLOCKS", 4, raising=False)
+        monkeypatch.setattr("nmt.data.corpus.SAMPLE_BYTES", 64)
+        monkeypatch.setattr("nmt.data.corpus.SAMPLE_BLOCKS", 4)
     cfg = _local_layout(tmp_path / "data", write_corpus(tmp_path))
     first = prepare(cfg)
     train = tmp_path / "data" / "toy" / "train.en"
