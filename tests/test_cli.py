@@ -348,14 +348,18 @@ def spy_on_beam_search(monkeypatch) -> list[dict]:
     return calls
 
 
-def test_evaluate_with_another_alpha_keeps_both_results(run, monkeypatch):
+def test_evaluate_with_another_alpha_keeps_both_results(run, monkeypatch, capsys):
     """--alpha A writes <split>.beam<k>.alphaA.{hyp,json} beside the default's, which it leaves
-    as they were, and records the length penalty it decoded with."""
+    as they were, records the length penalty it decoded with, and names the files it wrote
+    (it said "written to RUN/eval/", which holds one pair of files per option given)."""
     args = ["evaluate", "--checkpoint", str(run), "--split", "test", "--beam", "2"]
     assert main(args) == 0
     default = (run / "eval" / "test.beam2.json").read_text()
     searches = spy_on_beam_search(monkeypatch)  # the config's alpha is 1.4
+    capsys.readouterr()
     assert main([*args, "--alpha", "0.3"]) == 0
+    assert capsys.readouterr().out.endswith(
+        f"hypotheses and scores written to {run / 'eval' / 'test.beam2.alpha0.3'}.{{hyp,json}}\n")
     assert searches and all(call["alpha"] == 0.3 for call in searches)  # decoded with it
     scores = json.loads((run / "eval" / "test.beam2.alpha0.3.json").read_text())
     assert scores["alpha"] == 0.3 and scores["sentences"] == 30

@@ -399,7 +399,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         write(hyps, scores)
     print(f"BLEU = {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF = {scores['chrf']:.2f}  {scores['chrf_signature']}")
-    print(f"hypotheses and scores written to {run_dir / 'eval'}/")
+    # named in full: each option given gets its own files, and "eval/" alone left the user to
+    # work out which of them this evaluation wrote
+    print(f"hypotheses and scores written to {run_dir / 'eval' / stem}.{{hyp,json}}")
 
 
 def add_average(sub: argparse._SubParsersAction) -> None:
