@@ -127,10 +127,29 @@ def decoding_changes(config: Config, run_dir: Path) -> str | None:
     line = ("decoding options differ from the run's config.yaml: "
             + ", ".join(f"{key} {before.get(key)} -> {now[key]}" for key in changed))
     if "decoding.max_len_ratio" in changed:
-        line += (" (validation's greedy BLEU decodes with max_len_ratio: from here on it is not "
-                 "comparable with the earlier validations', against which trainer.best_metric "
-                 "val_bleu chooses best.ckpt and early stopping waits)")
+        line += f" ({max_len_ratio_effect(config)})"
     return line + "; translate and evaluate take the new values"
+
+
+def max_len_ratio_effect(config: Config) -> str:
+    """What a decoding.max_len_ratio changed at a resume does to ``config``'s run: validation's
+    greedy BLEU decodes with it, so its later scores are not comparable with the earlier ones.
+    That steers the run where BLEU is weighed: best.ckpt and early stopping under
+    trainer.best_metric val_bleu, the learning rate under optim.schedule plateau. Otherwise
+    (the configs' val_loss, a teacher-forced loss the ratio does not touch) only the logged
+    val_bleu is affected: the line said "against which trainer.best_metric val_bleu chooses
+    best.ckpt" to runs whose best.ckpt follows val_loss."""
+    weighed = []
+    if config.trainer.best_metric == "val_bleu":
+        weighed.append("trainer.best_metric val_bleu chooses best.ckpt and early stopping waits")
+    if config.optim.schedule == "plateau":
+        weighed.append("the plateau schedule lowers the learning rate")
+    said = "validation's greedy BLEU decodes with max_len_ratio: from here on "
+    if weighed:
+        return (said + "it is not comparable with the earlier validations', against which "
+                + " and ".join(weighed))
+    return (said + "the logged val_bleu is not comparable with the earlier validations'; "
+            f"best.ckpt and early stopping follow {config.trainer.best_metric}, which it leaves alone")
 
 
 def _same_or_chosen_precision(key: str, before: dict, now: dict) -> bool:

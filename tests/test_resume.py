@@ -25,7 +25,7 @@ from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
 from nmt.provenance import code_commit
-from nmt.resume import check_resumable
+from nmt.resume import check_resumable, max_len_ratio_effect
 
 from .conftest import REPO, child_processes, run_stopped_while_preparing, tiny_train_args, write_corpus
 
@@ -210,15 +210,34 @@ def test_decoding_options_changed_at_a_resume_are_said_in_one_line(corpus, tmp_p
     lines = [line for line in capsys.readouterr().out.splitlines() if "decoding options" in line]
     assert lines == ["decoding options differ from the run's config.yaml: decoding.beam_size 5 -> 3, "
                      "decoding.max_len_ratio 1.5 -> 2.0 (validation's greedy BLEU decodes with "
-                     "max_len_ratio: from here on it is not comparable with the earlier "
-                     "validations', against which trainer.best_metric val_bleu chooses best.ckpt "
-                     "and early stopping waits); translate and evaluate take the new values"]
+                     "max_len_ratio: from here on the logged val_bleu is not comparable with the "
+                     "earlier validations'; best.ckpt and early stopping follow val_loss, which it "
+                     "leaves alone); translate and evaluate take the new values"]
     assert main(args(corpus, tmp_path, "trainer.max_steps=4", *changed)) == 0  # as saved now
     assert "decoding options" not in capsys.readouterr().out
     assert main(args(corpus, tmp_path, "trainer.max_steps=5", "decoding.beam_size=4",
                      "decoding.max_len_ratio=2.0")) == 0
     assert "decoding options differ from the run's config.yaml: decoding.beam_size 3 -> 4; " \
            "translate and evaluate take the new values\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("overrides, weighed", [
+    (["trainer.best_metric=val_bleu"],
+     "against which trainer.best_metric val_bleu chooses best.ckpt and early stopping waits"),
+    (["optim.schedule=plateau"],
+     "against which the plateau schedule lowers the learning rate"),
+    (["trainer.best_metric=val_bleu", "optim.schedule=plateau"],
+     "against which trainer.best_metric val_bleu chooses best.ckpt and early stopping waits and "
+     "the plateau schedule lowers the learning rate"),
+])
+def test_a_changed_max_len_ratio_names_what_weighs_validation_bleu(overrides, weighed):
+    """The line said that trainer.best_metric val_bleu chooses best.ckpt to every run, also to
+    those (the configs') whose best.ckpt and early stopping follow val_loss, which the ratio
+    does not touch; it now names what weighs validation BLEU in this run, where anything does."""
+    config = load_config(REPO / "configs" / "transformer.yaml", overrides)
+    assert max_len_ratio_effect(config) == (
+        "validation's greedy BLEU decodes with max_len_ratio: from here on it is not comparable "
+        "with the earlier validations', " + weighed)
 
 
 def test_resume_from_a_checkpoint_without_segments_says_they_are_unknown(corpus, tmp_path):
