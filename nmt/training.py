@@ -627,7 +627,9 @@ def fit(trainer: L.Trainer, module: TranslationModule, datamodule: TranslationDa
     except SystemExit:
         if not trainer.interrupted:
             raise
-        raise KeyboardInterrupt from None  # the command line's "interrupted", exit status 130
+        # the command line's "interrupted: ...", exit status 130; said as SIGTERM's line says
+        # it, or a bare "interrupted" left the user to guess whether the run was lost
+        raise KeyboardInterrupt("the same command resumes the run from its last checkpoint") from None
     except RuntimeError:  # a collective whose peer ended (gloo: "Connection closed by peer")
         if (ended := ended_worker(trainer)) is None:
             raise

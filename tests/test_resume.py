@@ -328,12 +328,13 @@ def test_a_checkpoint_inside_an_accumulation_group_resumes_to_the_same_weights(
 @pytest.mark.parametrize("signal_number,code,message", [
     (signal.SIGTERM, 1, "stopped by SIGTERM: the same command resumes the run"),
     (signal.SIGHUP, 1, "stopped by SIGHUP: the same command resumes the run"),
-    (signal.SIGINT, 130, "interrupted"),
+    (signal.SIGINT, 130, "interrupted: the same command resumes the run"),
 ])
 def test_a_run_stopped_by_a_signal_says_so_and_fails(corpus, tmp_path, signal_number, code, message):
     """A run stopped by SIGTERM (a scheduler's pre-emption), SIGHUP (its terminal closed) or
     Ctrl-C after a checkpoint exits non-zero with one line of its own: Lightning ended the
-    first with status 0, as if finished; the second killed it without a word (exit 129)."""
+    first with status 0, as if finished; the second killed it without a word (exit 129); the
+    third said "interrupted" alone, not that the run can be resumed."""
     command = args(corpus, tmp_path, "trainer.val_check_interval=3")
     process = subprocess.Popen([sys.executable, "-c", SLOW_MAIN, *command], cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -343,8 +344,7 @@ def test_a_run_stopped_by_a_signal_says_so_and_fails(corpus, tmp_path, signal_nu
     process.send_signal(signal_number)
     _, err = process.communicate(timeout=300)
     assert process.returncode == code, err[-2000:]
-    assert err.splitlines()[-1] == (f"error: {message} from its last checkpoint"
-                                    if code == 1 else message)
+    assert err.splitlines()[-1] == ("error: " * (code == 1)) + f"{message} from its last checkpoint"
     assert not (tmp_path / "train_stats.json").exists()  # not finished
 
 

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as stop:
         print(f"stopped by {signal.Signals(stop.signum).name}", file=sys.stderr)
         return 128 + stop.signum
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as stop:  # a command may say what follows (train: how to resume)
+        print(f"interrupted: {stop}" if str(stop) else "interrupted", file=sys.stderr)
         return 130
     return 0
