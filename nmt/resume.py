@@ -24,6 +24,7 @@ from typing import IO
 import torch
 import yaml
 
+from nmt.average import step_checkpoints
 from nmt.config import ADDED_SINCE, Config, read_yaml, to_dict
 from nmt.data.module import PreparedData
 from nmt.data.prepare import load_side
@@ -93,9 +94,27 @@ def check_resumable(config: Config, run_dir: Path) -> Path | None:
                 f"{now.get(key)!r}; resume it with the same value, or choose another --run-dir"
             )
     if (run_dir / "spm.model").is_file():  # else check_vocabulary says it is missing
-        check_identity(load_mapped(last), run_identity(config, Tokenizer(run_dir / "spm.model")),
-                       last, run_dir)
+        identity = run_identity(config, Tokenizer(run_dir / "spm.model"))
+        check_identity(load_mapped(last), identity, last, run_dir)
+        check_kept_identities(run_dir, identity)
     return last
+
+
+def check_kept_identities(run_dir: Path, identity: dict[str, str]) -> None:
+    """A one-line error where a checkpoint the resumed run keeps beside last.ckpt (best.ckpt,
+    averaged.ckpt, steps/) is another run's (``check_identity``): checking last.ckpt alone, a
+    de->en best.ckpt copied into an en->de run trained on, stayed best.ckpt while no
+    validation beat the score last.ckpt recorded, was named as the weights the run translates
+    with, and then refused by translate. A file that cannot be read is left to what reads it
+    (``final_weights`` says so at the run's end; translate and average refuse it)."""
+    for path in [run_dir / "best.ckpt", run_dir / "averaged.ckpt", *step_checkpoints(run_dir)]:
+        if not path.is_file():
+            continue
+        try:
+            checkpoint = load_mapped(path)
+        except Exception:  # unpickling, a zip archive cut short, an empty file, ...
+            continue
+        check_identity(checkpoint, identity, path, run_dir)
 
 
 def saved_options(run_dir: Path, now: dict) -> dict:

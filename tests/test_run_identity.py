@@ -135,6 +135,31 @@ def test_a_last_checkpoint_copied_into_another_run_is_not_resumed(run, corpus, t
     assert (other / "last.ckpt").read_bytes() == before
 
 
+@pytest.mark.parametrize("foreign", ["best.ckpt", "steps"])
+def test_a_checkpoint_copied_beside_the_run_s_own_last_is_not_resumed(run, corpus, tmp_path, capsys,
+                                                                      foreign):
+    """An en->de run, its own last.ckpt, holding a de->en best.ckpt (or kept checkpoint) copied
+    in: the resume checked last.ckpt alone, trained on, kept the copy as best.ckpt where no
+    validation beat it, named it as the weights to translate with, and translate refused it."""
+    other = _other_run(run, corpus, tmp_path, "pair")
+    copied = other / foreign if foreign == "best.ckpt" else sorted((other / "steps").glob("*.ckpt"))[0]
+    for path in _checkpoints(other):  # all but the copy are the en->de run's own
+        if path != copied:
+            checkpoint = _load(path)
+            checkpoint[IDENTITY_KEY]["pair"] = "en->de"
+            torch.save(checkpoint, path)
+    folder, files = corpus
+    argv = [*tiny_train_args(files, other, folder / "data", epochs=3),
+            "trainer.keep_last_checkpoints=2", "--src-lang", "en", "--tgt-lang", "de"]
+    before = (other / "last.ckpt").read_bytes()
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: {copied} is a checkpoint of another run, trained de->en, not en->de "
+                   f"as {other}: its weights would translate wrongly there; use it with the run "
+                   "that trained it\n")
+    assert (other / "last.ckpt").read_bytes() == before  # nothing trained
+
+
 def test_checkpoints_from_before_the_identity_load_as_before(run, corpus, tmp_path):
     """An older run's checkpoints hold no identity: translate, average and resume take them
     unchecked, and the resumed run's new checkpoints name the run."""
