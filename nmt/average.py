@@ -216,8 +216,13 @@ class KeepLastCheckpoints(RunCheckpoint):
         super().on_train_start(trainer, pl_module)
         files = step_checkpoints(Path(self.dirpath).parent)
         kept = files[-self.save_top_k:] if self.save_top_k else []  # [-0:] is all of them
-        for path in files[: len(files) - len(kept)]:
+        deleted = files[: len(files) - len(kept)]
+        for path in deleted:
             trainer.strategy.remove_checkpoint(path)  # on rank 0
+        if deleted and trainer.is_global_zero:  # said: the user's files, which nmt average took
+            print(f"trainer.keep_last_checkpoints {self.save_top_k}: deleted "
+                  f"{', '.join(path.name for path in deleted)} (kept in {self.dirpath} by an "
+                  "earlier segment)")
         if files and not kept and trainer.is_global_zero:
             remove_empty([Path(self.dirpath)])
         self.best_k_models = {str(path): torch.tensor(step_of(path)) for path in kept}

@@ -632,13 +632,17 @@ def test_a_run_resumed_keeping_fewer_checkpoints_deletes_the_earlier_ones(corpus
                                                                           keep, left):
     """trainer.keep_last_checkpoints lowered on resume applies to the files an earlier segment
     kept: lowered to 0, they stayed in steps/, and nmt average took those old weights for the
-    run's last ones."""
+    run's last ones. The files deleted are named in one line (they went silently)."""
     every_step = "trainer.val_check_interval=1"
     assert main(args(corpus, tmp_path, "trainer.max_steps=3", every_step,
                      "trainer.keep_last_checkpoints=3")) == 0
     assert len(list((tmp_path / "steps").iterdir())) == 3
+    capsys.readouterr()
     assert main(args(corpus, tmp_path, "trainer.max_steps=8", every_step,
                      f"trainer.keep_last_checkpoints={keep}")) == 0
+    deleted = ", ".join(f"step{step}.ckpt" for step in range(1, 4 - keep))
+    assert (f"trainer.keep_last_checkpoints {keep}: deleted {deleted} (kept in "
+            f"{tmp_path / 'steps'} by an earlier segment)\n") in capsys.readouterr().out
     if left is None:
         assert not (tmp_path / "steps").exists()
         capsys.readouterr()
