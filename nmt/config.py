@@ -270,13 +270,23 @@ def run_config(path: str | Path) -> Config:
     return load_config(config_file)
 
 
+def refuse_checkpoint_file(path: str | Path) -> None:
+    """A one-line error where ``--checkpoint`` names a file (RUN/best.ckpt, say), naming the run
+    directory to give instead and the file as --weights (of translate, evaluate, serve and
+    export: the hint left out export, and serve said the file was "not a training run
+    directory")."""
+    path = Path(path)
+    if path.is_file():
+        raise NMTError(f"{path} is a file: --checkpoint takes the run directory ({path.parent}); "
+                       f"translate, evaluate, serve and export take a checkpoint file in it with "
+                       f"--weights ({path.name})")
+
+
 def existing_run_dir(path: str | Path) -> Path:
     """``path`` as a training run's directory (what ``--checkpoint`` names); a one-line error
     where there is none, and one that says so where it is a checkpoint file."""
     run_dir = Path(path)
-    if run_dir.is_file():
-        raise NMTError(f"{run_dir} is a file: --checkpoint takes the run directory (translate, "
-                       "evaluate and serve take a checkpoint file in it with --weights)")
+    refuse_checkpoint_file(run_dir)
     if not run_dir.is_dir():
         raise NMTError(f"checkpoint directory not found: {run_dir}")
     return run_dir

@@ -45,7 +45,7 @@ from pydantic import AfterValidator
 from starlette.exceptions import HTTPException
 
 from nmt.attention_stats import attention_matrix
-from nmt.config import DECODING_PRECISIONS, load_config
+from nmt.config import DECODING_PRECISIONS, load_config, refuse_checkpoint_file
 from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import check_engine_options, load_translator
 from nmt.errors import NMTError, stopped_cleanly
@@ -359,6 +359,7 @@ def served_models(paths: list[str], engine: str) -> dict[str, str]:
         name = model_name(path)
         if name in runs:
             raise NMTError(f"two directories named '{name}': model names must differ")
+        refuse_checkpoint_file(path)  # RUN/best.ckpt: the run and --weights, as translate says
         if not (Path(path) / "config.yaml").is_file() or not (Path(path) / "spm.model").is_file():
             what = "an exported model" if engine == "ctranslate2" else "a training run"
             raise NMTError(f"{path} is not {what} directory (no config.yaml and spm.model)")

@@ -423,6 +423,12 @@ def test_evaluate_on_a_device_asked_for_keeps_both_results_and_names_the_device(
     (["evaluate", "--checkpoint", "/nonexistent/run"], "checkpoint directory not found"),
     (["translate", "--checkpoint", "README.md"], "is a file: --checkpoint takes the run directory"),
     (["average", "--checkpoint", "README.md"], "is a file: --checkpoint takes the run directory"),
+    # serve said "not a training run directory", and the hint left export's --weights out
+    (["serve", "--checkpoint", "configs/transformer.yaml"],
+     "configs/transformer.yaml is a file: --checkpoint takes the run directory (configs); translate, "
+     "evaluate, serve and export take a checkpoint file in it with --weights (transformer.yaml)"),
+    (["export", "--checkpoint", "README.md", "--out", "x.ct2"],
+     "is a file: --checkpoint takes the run directory (.); translate, evaluate, serve and export"),
     (["train", "--config", "/nonexistent.yaml"], "config file not found"),
     (["train", "--config", "configs/transformer.yaml", "--trainer.max_epoch", "3"], "max_epoch"),
     (["train", "--config", "configs/transformer.yaml", "--attention", "cosine"], "scaled_dot"),
