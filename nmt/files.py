@@ -125,14 +125,14 @@ def save_atomic(obj: object, path: str | Path) -> None:
         try:
             torch.save(obj, writer)
         except RuntimeError as err:
-            if writer.error:  # the write's own error, which atomic_path reports
+            if writer.error is not None:  # the write's own error, which atomic_path reports
                 raise writer.error from None
             # an object torch cannot save
             raise NMTError(f"cannot write {path}: {str(err).splitlines()[0]}") from None
 
 
 class WriteErrorKept:
-    """A binary file for ``torch.save`` that keeps the first error of its writes. Given a
+    """A binary file for ``torch.save`` that keeps the first exception of its writes. Given a
     path, or a file whose write fails, torch reports its own check instead ("[enforce fail
     at inline_container.cc:672] . unexpected pos 64 vs 0"), the cause (a full disk, a file
     size limit) lost."""
@@ -143,7 +143,10 @@ class WriteErrorKept:
     def write(self, data: bytes) -> int:
         try:
             return self.file.write(data)
-        except OSError as err:
+        # OSError: a full disk, a size limit; BaseException too: a stop signal's handler
+        # raises where the process is, here mid-write, and swallowed into torch's check the
+        # run said "cannot write ..." where it was stopped (SIGTERM, Ctrl-C)
+        except BaseException as err:
             self.error = self.error or err
             raise
 

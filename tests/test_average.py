@@ -16,6 +16,7 @@ import torch
 from nmt.average import average_run, final_weights, step_checkpoints
 from nmt.cli import main
 from nmt.errors import NMTError
+from nmt.files import WriteErrorKept, save_atomic
 from nmt.resume import forget_finished
 from nmt.translator import find_checkpoint
 
@@ -392,3 +393,27 @@ def test_an_average_stopped_part_of_the_way_leaves_no_file_behind(tmp_path, stop
     assert process.returncode == 128 + stop, process.stderr  # as the signal's default
     assert process.stderr.endswith(f"stopped by {stop.name}\n"), process.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["steps"]
+
+
+def test_a_stop_signal_during_a_checkpoint_write_stops_the_run_as_itself(tmp_path, monkeypatch):
+    """A stop signal's handler raises where the process is: mid-write (through WriteErrorKept)
+    torch swallowed it into its own check, and a DDP run stopped by SIGTERM said "cannot
+    write .../step2.ckpt: [enforce fail ...]" where it should say it was stopped."""
+    class InterruptedFile:
+        def __init__(self, file):
+            self.file, self.writes = file, 0
+
+        def write(self, data: bytes) -> int:
+            self.writes += 1
+            if self.writes == 3:
+                raise KeyboardInterrupt  # as the signal's handler would, mid-write
+            return self.file.write(data)
+
+        def flush(self) -> None:
+            self.file.flush()
+
+    keep = WriteErrorKept.__init__
+    monkeypatch.setattr(WriteErrorKept, "__init__", lambda self, file: keep(self, InterruptedFile(file)))
+    with pytest.raises(KeyboardInterrupt):
+        save_atomic({"weights": torch.zeros(10_000)}, tmp_path / "x.ckpt")
+    assert list(tmp_path.iterdir()) == []  # no half-written file
