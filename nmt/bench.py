@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 from nmt.config import Config
+from nmt.config_checks import check_training_config
 from nmt.data.batching import Batch, PairDataset, decoding_loader
 from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
@@ -30,7 +31,7 @@ from nmt.precision import autocast_dtype
 from nmt.provenance import device_name
 from nmt.search import max_output_lengths, restrict
 from nmt.trainer import benchmark_trainer, training_precision
-from nmt.training import TranslationModule, check_batches_per_process, check_training_config
+from nmt.training import TranslationModule, check_batches_per_process
 from nmt.translator import Translator
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import lightning as L
 
 from nmt.config import Config, DataConfig, load_config
+from nmt.config_checks import check_training_config
 from nmt.data.corpus import local_files, read_pairs
 from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.prepare import prepare
@@ -31,7 +32,7 @@ from nmt.errors import NMTError
 from nmt.memory import peak_memory_mb, resident_memory_mb
 from nmt.models import build_model
 from nmt.trainer import benchmark_trainer
-from nmt.training import TranslationModule, check_batches_per_process, check_training_config
+from nmt.training import TranslationModule, check_batches_per_process
 
 
 def synthetic_corpus(folder: Path, pairs: int, join: int = 1, seed: int = 0) -> dict[str, list[str]]:

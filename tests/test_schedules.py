@@ -333,7 +333,7 @@ def test_a_bad_training_option_is_a_one_line_error_before_anything_is_written(
                                             ("transformer", "model.attention_dropout=0"),
                                             ("rnn_bahdanau", "model.dropout=0")])
 def test_dropout_0_given_as_a_whole_number_is_valid(config, option):
-    from nmt.training import check_training_config
+    from nmt.config_checks import check_training_config
 
     check_training_config(load_config(f"configs/{config}.yaml", [option]))
 
@@ -341,8 +341,8 @@ def test_dropout_0_given_as_a_whole_number_is_valid(config, option):
 def test_a_validation_interval_given_as_a_time_is_lightnings_to_check(tmp_path):
     """Lightning validates every DD:HH:MM:SS of training time where the interval is a time;
     only numbers are checked here."""
+    from nmt.config_checks import check_training_config
     from nmt.trainer import build_trainer
-    from nmt.training import check_training_config
 
     config = load_config("configs/transformer.yaml", ["trainer.val_check_interval='00:00:30:00'",
                                                       "trainer.accelerator=cpu"])
