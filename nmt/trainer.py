@@ -6,6 +6,7 @@ same training steps without validation, checkpoints or logs, for the benchmarks.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -262,7 +264,21 @@ def check_device_options(config: Config) -> int:
                             strategy=t.strategy, logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False)
     check_launcher(trainer, t.strategy)
+    check_nodes_can_meet(trainer)
     return trainer.world_size
+
+
+def check_nodes_can_meet(trainer: L.Trainer) -> None:
+    """Across machines started by hand (no torchrun, SLURM or MPI: Lightning's own
+    environment), node 0 listens at MASTER_ADDR:MASTER_PORT, which Lightning otherwise takes as
+    127.0.0.1 and a random free port: the other nodes could never find it, and every process
+    would wait for them in silence until torch's timeout (30 minutes)."""
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if trainer.num_nodes > 1 and isinstance(trainer.strategy.cluster_environment,
+                                            LightningEnvironment) and missing:
+        raise NMTError(f"trainer.num_nodes {trainer.num_nodes}: set {' and '.join(missing)} (node 0's "
+                       f"address and a free port) and NODE_RANK (0 to {trainer.num_nodes - 1}) on "
+                       "every node, then start the same command on each")
 
 
 def check_launcher(trainer: L.Trainer, strategy: str) -> None:

@@ -154,6 +154,20 @@ def test_a_bad_trainer_option_is_refused_before_the_precision_probe(tmp_path, ca
     assert len(err.splitlines()) == 1, err
 
 
+def test_nodes_started_by_hand_need_node_0s_address_before_anything_runs(monkeypatch):
+    """Without MASTER_ADDR and MASTER_PORT, Lightning's node 0 listened at 127.0.0.1 on a
+    random port, and every node's processes waited for the others in silence (30 minutes)."""
+    config = load_config("configs/transformer.yaml", ["trainer.num_nodes=2", "trainer.strategy=ddp"])
+    for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    with pytest.raises(NMTError, match=r"^trainer.num_nodes 2: set MASTER_PORT \(node 0's address and "
+                       r"a free port\) and NODE_RANK \(0 to 1\) on every node"):
+        trainer_module.check_device_options(config)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert trainer_module.check_device_options(config) == 2  # 1 device x 2 nodes
+
+
 @pytest.mark.parametrize("model, shapes", [
     # Sizes the config leaves out are the family's defaults (d_model 256, ff_dim 1024), not 512.
     ({"family": "transformer"}, [(512, 256, 256), (512, 256, 1024), (512, 256, 100)]),
