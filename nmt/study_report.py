@@ -25,7 +25,7 @@ from sacrebleu.significance import PairedTest
 from scipy.stats import ttest_rel
 
 from nmt.attention_stats import attention_key_size
-from nmt.compare import Cell, CompareConfig, cell_key, cell_overrides, cells_of, scored_as_asked
+from nmt.compare import Cell, CompareConfig, cell_key, cell_overrides, cells_of, same_options, scored_as_asked
 from nmt.config import DataConfig, load_config
 from nmt.data.corpus import test_set_name
 from nmt.data.prepare import lines_sha1
@@ -42,7 +42,8 @@ def current_records(cfg: CompareConfig, preset: str, out: Path, extra: list[str]
     """Records of the preset's cells (with the command line's ``extra`` options and ``seeds``)
     whose key still matches their resolved configuration, scored at the beam ``cfg`` asks; and
     the others recorded, each with why it is left out (compare without --tables-only trains
-    or decodes them again)."""
+    or decodes them again; a trial's, made with other options than ``extra``, is tabled by
+    the same command with its options)."""
     found, left_out = {}, []
     for cell in cells_of(cfg, preset, seeds):
         record = read_record(out / "cells" / cell.name)
@@ -50,7 +51,7 @@ def current_records(cfg: CompareConfig, preset: str, out: Path, extra: list[str]
             continue
         key, _ = cell_key(cfg.families[cell.family], cell_overrides(cfg, preset, cell, extra or []))
         if record["key"] != key:
-            left_out.append(f"{cell.name} (trained with other options)")
+            left_out.append(f"{cell.name} ({other_options(record, extra or [])})")
         elif not scored_as_asked(record, cfg):
             left_out.append(f"{cell.name} (scored at beam {record['scores'].get('beam')}, "
                             f"not {cfg.beam})")
@@ -58,6 +59,16 @@ def current_records(cfg: CompareConfig, preset: str, out: Path, extra: list[str]
             record["hyps"] = read_hypotheses(out / "cells" / cell.name, record["scores"]["sentences"])
             found[cell] = record
     return found, left_out
+
+
+def other_options(record: dict, extra: list[str]) -> str:
+    """Why a record of another key is left out: made with other command-line options than
+    ``extra`` (a trial's, or the preset's alone; named: the same options table it), else
+    trained as the preset asked before it changed (or before records named their trial)."""
+    if "trial" in record and not same_options(record["trial"], extra):
+        made = " ".join(record["trial"]) or "the preset's options alone"
+        return f"made with {made}: give the same options to table it"
+    return "trained with other options"
 
 
 # The seed of the paired bootstrap's resamples: sacreBLEU's default, which drew the committed
@@ -314,12 +325,12 @@ def write_report(cfg: CompareConfig, preset: str, out: Path, extra: list[str] | 
                  seeds: int | None = None) -> list[dict]:
     """compare.{md,json,csv} and the figures of every recorded cell (see ``current_records``)."""
     records, left_out = current_records(cfg, preset, out, extra, seeds)
-    left_out_note = ("Left out of the tables, recorded as the preset no longer asks: "
+    left_out_note = ("Left out of the tables, recorded otherwise than this command asks: "
                      f"{'; '.join(left_out)}." if left_out else "")
     if left_out_note:
         print(left_out_note, flush=True)
     if not records:
-        print("no recorded cells yet: nothing to table", flush=True)
+        print("no cell recorded as this command asks: nothing to table", flush=True)
         return []
     p_boot, bootstrap = bootstrap_p_values(cfg, records, test_references(cfg, preset, extra or []))
     rows = summarise(cfg, records, p_boot)

@@ -952,11 +952,30 @@ def test_tables_say_which_records_they_leave_out(study, capsys):
     printed = capsys.readouterr().out
     (note,) = [line for line in printed.splitlines() if line.startswith("Left out of the tables")]
     cells = sorted(path.name for path in (out / "a" / "cells").iterdir())
-    assert note.startswith("Left out of the tables, recorded as the preset no longer asks: ")
+    assert note.startswith("Left out of the tables, recorded otherwise than this command asks: ")
     assert sorted(note.rstrip(".").split(": ", 1)[1].split("; ")) == [f"{cell} (scored at beam 3, not 5)"
                                                           for cell in cells]
-    assert "no recorded cells yet: nothing to table" in printed
+    assert "no cell recorded as this command asks: nothing to table" in printed
     assert (out / "a" / "compare.md").read_text() == before
+
+
+def test_tables_name_the_options_of_a_trials_records_they_leave_out(study, tmp_path, capsys):
+    """A study shrunk with --train-lines, then tabled with --tables-only alone, left every cell
+    out "recorded as the preset no longer asks: ... (trained with other options)": the preset
+    had not changed, and nothing said that the same options table them."""
+    _, out, _, folder = study
+    shutil.copytree(out / "a", tmp_path / "a", ignore=shutil.ignore_patterns("figures"))
+    for path in (tmp_path / "a" / "cells").glob("*/record.json"):  # as a trial recorded them
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "key": "0123456789ab",
+                                    "trial": ['data.train_lines="20"']}))
+    capsys.readouterr()
+    assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", "a", "--out",
+                 str(tmp_path / "a"), "--runs", str(tmp_path / "runs"), "--tables-only"]) == 0
+    (note,) = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("Left out of the tables")]
+    assert 'rnn_dot_seed1 (made with data.train_lines="20": give the same options to table it)' \
+        in note, note
 
 
 def test_p_values_of_seeds_other_than_1_to_n_name_their_seeds():
