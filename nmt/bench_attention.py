@@ -97,7 +97,11 @@ def bench_attention(max_len: int = 1024, batch: int = 2, heads: int = 4, head_di
                     memory_limit_mb: float | None = None) -> dict:
     """Each scorer alone, T = S = 16 .. max_len: time and peak memory, one process per point
     so that each peak is its own, and their growth exponents (``scorer_exponents``) over the
-    points that fit in memory; a scorer's first point that does not is its last row."""
+    points that fit in memory; a scorer's first point that does not is its last row. The
+    summary names the CPU (model, family and model numbers, bf16 flags) and the precision
+    (fp32: torch's default dtype, which the points' tensors take)."""
+    from nmt.precision import cpu_identity  # here: nmt.config is not for the points' processes
+
     lengths = [2**i for i in range(4, int(math.log2(max_len)) + 1)]
     rows = []
     for name in SCORERS:
@@ -116,4 +120,5 @@ def bench_attention(max_len: int = 1024, batch: int = 2, heads: int = 4, head_di
                     f"Attention scorers alone (batch {batch}, {heads} heads, d {head_dim})",
                    loglog=True)
     return {"bench": "attention", "batch": batch, "heads": heads, "head_dim": head_dim,
-            "rows": rows, "exponents": exponents, "threads": torch.get_num_threads()}
+            "rows": rows, "exponents": exponents, "threads": torch.get_num_threads(),
+            "device": f"CPU: {cpu_identity()}", "precision": "32-true"}

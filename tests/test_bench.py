@@ -16,6 +16,7 @@ from nmt.attention import SCORERS
 from nmt.bench_attention import _time_point, growth_exponent, scorer_exponents
 from nmt.cli import main
 from nmt.plots import check_picture_path
+from nmt.precision import cpu_identity
 from nmt.translator import Translator
 
 from .conftest import REPO, tiny_options, tiny_train_args, write_corpus
@@ -49,6 +50,9 @@ def test_bench_attention(tmp_path, capsys):
     assert {r["scorer"] for r in summary["rows"]} == set(SCORERS)
     assert all(r["ms"] > 0 for r in summary["rows"]) and plot.is_file()
     assert set(summary["exponents"]) == set(SCORERS)
+    # the figures name their CPU and precision (the README's table could not: not noted)
+    assert summary["device"] == f"CPU: {cpu_identity()}" and summary["precision"] == "32-true"
+    assert f"measured on CPU: {cpu_identity()}, 32-true, {summary['threads']} threads" in out
     # at these lengths the peaks are under the RSS resolution: the empty exponents are explained
     assert all(v["memory"] is None for v in summary["exponents"].values())
     assert "a memory exponent needs peaks of 32 MB or more" in out

@@ -149,6 +149,7 @@ def cmd_bench_attention(args: argparse.Namespace) -> None:
               f"or near 0 for small tensors; a memory exponent needs peaks of "
               f"{RSS_RESOLUTION_MB:.0f} MB or more over the longer half of the lengths (a longer "
               "--max-len), else it is empty")
+    print(f"measured on {summary['device']}, {summary['precision']}, {summary['threads']} threads")
     print(json.dumps(summary))
 
 
