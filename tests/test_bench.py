@@ -53,6 +53,7 @@ def test_bench_attention(tmp_path, capsys):
     # the figures name their CPU and precision (the README's table could not: not noted)
     assert summary["device"] == f"CPU: {cpu_identity()}" and summary["precision"] == "32-true"
     assert f"measured on CPU: {cpu_identity()}, 32-true, {summary['threads']} threads" in out
+    assert f"plot of time against length: {plot}" in out  # drawn where no one looked, unsaid
     # at these lengths the peaks are under the RSS resolution: the empty exponents are explained
     assert all(v["memory"] is None for v in summary["exponents"].values())
     assert "a memory exponent needs peaks of 32 MB or more" in out

@@ -115,7 +115,8 @@ def add_bench_attention(what: argparse._SubParsersAction) -> None:
     bench_attention.add_argument("--heads", type=positive_int, default=4)
     bench_attention.add_argument("--head-dim", type=positive_int, default=32)
     bench_attention.add_argument("--plot", default="results/bench_attention.png",
-                                 help="log-log plot of time against length")
+                                 help="log-log plot of time against length (default "
+                                 "results/bench_attention.png; '' draws none)")
     bench_attention.add_argument("--memory-limit-mb", type=positive_int, default=None,
                                  help="the most memory each point may allocate beyond what its "
                                  "process holds at its start (its data segment, Linux; not the "
@@ -150,6 +151,8 @@ def cmd_bench_attention(args: argparse.Namespace) -> None:
               f"{RSS_RESOLUTION_MB:.0f} MB or more over the longer half of the lengths (a longer "
               "--max-len), else it is empty")
     print(f"measured on {summary['device']}, {summary['precision']}, {summary['threads']} threads")
+    if args.plot:  # the default's folder is no command's output: said, or it went unseen
+        print(f"plot of time against length: {args.plot}")
     print(json.dumps(summary))
 
 
