@@ -273,8 +273,10 @@ def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],
                    weights: str | Path | None) -> None:
     """Before any weights load, one-line errors for runs that cannot decode as one. The
     members are training runs with weights (``weights`` names a file in each: a path would give
-    every member the same weights), of the same language pair, and over one vocabulary: the
-    same SentencePiece pieces, which runs on the same corpus and ``data.vocab_size`` have."""
+    every member the same weights), each named once (a run beside itself, the same weights
+    twice, translates as it does alone, for twice the time), of the same language pair, and
+    over one vocabulary: the same SentencePiece pieces, which runs on the same corpus and
+    ``data.vocab_size`` have."""
     if weights is not None and Path(weights).name != str(weights):
         raise NMTError(f"--weights {weights} with --ensemble names a file in each run (e.g. "
                        "averaged.ckpt), not a path")
@@ -282,8 +284,14 @@ def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],
     config = run_config(run_dir)
     pair = (config.data.src_lang, config.data.tgt_lang)
     vocabulary = Tokenizer(Path(run_dir) / "spm.model").vocabulary()
+    named = {Path(run_dir).resolve(): run_dir}  # each member's folder, however written
     for other in ensemble:
         refuse_export(other, "--ensemble takes training runs")
+        folder = Path(other).resolve()
+        if folder in named:
+            raise NMTError(f"--ensemble {other} is {named[folder]} again: a model beside itself "
+                           "translates as it does alone; name each run once")
+        named[folder] = other
         other_config = run_config(other)
         find_checkpoint(Path(other), weights, warn=False)  # load_run warns
         if (other_config.data.src_lang, other_config.data.tgt_lang) != pair:
