@@ -175,41 +175,50 @@ def test_rnn_has_no_self_attention_to_draw(run):
     assert math.isfinite(best.score)
 
 
-# The picture options are checked before the model loads, against the layout the run's config
-# builds (--attention-layer 5 of a one-layer model was refused only once the model had loaded
-# and --precision auto had timed it: seconds, more for an ensemble); the picture folder is made
-# once it has loaded, still before anything is translated
-@pytest.mark.parametrize("options,message,checked_before", [
-    (["--attention-layer", "5"], "no attention layer 5 / head mean in this model: it has 1 layer and 2",
-     "from_run_dir"),
-    (["--attention-kind", "encoder", "--attention-head", "2"], "no attention layer -1 / head 2",
-     "from_run_dir"),
-    (["--attention-kind", "decoder", "--attention-head", "3"], "no attention layer -1 / head 3",
-     "from_run_dir"),
-    (["--attention-head", "first"], "--attention-head must be mean, all or a head number",
-     "from_run_dir"),
+# The picture options and folder are checked before the model loads, against the layout the
+# run's config builds (--attention-layer 5 of a one-layer model was refused only once the model
+# had loaded and --precision auto had timed it: seconds, more for an ensemble; a folder that
+# cannot be made, under a file, too)
+@pytest.mark.parametrize("options,message", [
+    (["--attention-layer", "5"], "no attention layer 5 / head mean in this model: it has 1 layer and 2"),
+    (["--attention-kind", "encoder", "--attention-head", "2"], "no attention layer -1 / head 2"),
+    (["--attention-kind", "decoder", "--attention-head", "3"], "no attention layer -1 / head 3"),
+    (["--attention-head", "first"], "--attention-head must be mean, all or a head number"),
     # a digit to str.isdigit, not to int(): a ValueError traceback
-    (["--attention-head", "\u00b2"], "--attention-head must be mean, all or a head number",
-     "from_run_dir"),
-    (["--plot-attention", "in.txt"], "--plot-attention in.txt: cannot make a folder there",
-     "translate"),
+    (["--attention-head", "\u00b2"], "--attention-head must be mean, all or a head number"),
+    (["--plot-attention", "in.txt/pics"], "--plot-attention in.txt/pics: cannot make a folder there"),
 ])
-def test_bad_attention_options_fail_at_once(run, tmp_path, monkeypatch, capsys, options, message,
-                                            checked_before):
-    """A picture option that cannot work fails at once, with one line, before the step
-    ``checked_before`` (loading the model, or translating the input); a bad layer or head
-    names the ones there."""
+def test_bad_attention_options_fail_at_once(run, tmp_path, monkeypatch, capsys, options, message):
+    """A picture option or folder that cannot work fails at once, with one line, before the
+    model loads; a bad layer or head names the ones there."""
     def too_late(*args, **kwargs):
-        raise AssertionError(f"reached Translator.{checked_before} before the options were checked")
+        raise AssertionError("reached Translator.from_run_dir before the options were checked")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Translator, checked_before, too_late)
+    monkeypatch.setattr(Translator, "from_run_dir", too_late)
     (tmp_path / "in.txt").write_text("haus mann katze\n", encoding="utf-8")
     assert main(["translate", "--checkpoint", str(run), "--input", "in.txt", "--plot-attention",
                  "pics", *options, "--beam", "1"]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "pics").exists()
+
+
+@pytest.mark.parametrize("output", [[], ["--output", "out.txt"]])
+def test_a_model_that_fails_to_load_leaves_no_picture_folder(run, tmp_path, monkeypatch, capsys,
+                                                             output):
+    """The folder is made before the model loads: a load that fails takes the folders made for
+    the pictures with it, also where the translations go to stdout (which keeps pictures)."""
+    def damaged(*args, **kwargs):
+        raise NMTError("cannot load best.ckpt")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Translator, "from_run_dir", damaged)
+    (tmp_path / "in.txt").write_text("haus mann katze\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(run), "--input", "in.txt", *output,
+                 "--plot-attention", "new/pics"]) == 1
+    assert capsys.readouterr().err == "error: cannot load best.ckpt\n"
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize("option", [["--attention-layer", "0"], ["--attention-head", "all"],

@@ -244,15 +244,16 @@ def cmd_translate(args: argparse.Namespace) -> None:
     check_output_is_not_input(args.input, args.output)
     args.nbest = check_decoding_args(args, args.nbest)
     check_picture_choice(args)
-    # The input and the output are opened before the model loads and --precision auto times
-    # it (seconds, more for an ensemble): a mistyped --input was an error only after that
-    with open_input(args.input) as stream, output_writer(args.output) as write:
+    # The input, the output and the picture folder are opened before the model loads and
+    # --precision auto times it (seconds, more for an ensemble): a mistyped --input, or a
+    # --plot-attention folder that cannot be made, was an error only after that
+    with open_input(args.input) as stream, output_writer(args.output) as write, \
+            attention_pictures(args, streamed=written_through(args.output) is not None):
         translator = open_translator(args, sentences=args.buffer_lines)
-        with attention_pictures(args, streamed=written_through(args.output) is not None):
-            first = 1  # the input's number of the chunk's first line
-            for lines in input_chunks(stream, args.buffer_lines, args.input or "stdin"):
-                write(translate_chunk(translator, lines, first, args))
-                first += len(lines)
+        first = 1  # the input's number of the chunk's first line
+        for lines in input_chunks(stream, args.buffer_lines, args.input or "stdin"):
+            write(translate_chunk(translator, lines, first, args))
+            first += len(lines)
 
 
 def check_output_is_not_input(source: str | None, output: str | None) -> None:
@@ -324,17 +325,14 @@ def check_picture_choice(args: argparse.Namespace) -> None:
 
 @contextmanager
 def attention_pictures(args: argparse.Namespace, streamed: bool) -> Iterator[None]:
-    """The block that translates, with --plot-attention's folder made first
-    (``make_picture_folder``). Where the block fails or is stopped and the
-    translations go to a file, which is then not written, the pictures it drew go too, with
-    the folders made for them: left, they made the same command run again refuse the folder
-    as holding an earlier input's pictures. Translations ``streamed`` (written through to
-    stdout as each chunk is done, then stopped with Ctrl-C, say) keep their pictures."""
+    """The block that loads the model and translates, with --plot-attention's folder made
+    first (``make_picture_folder``). Where the block fails or is stopped and the
+    translations go to a file, which is then not written, the pictures it drew go too: left,
+    they made the same command run again refuse the folder as holding an earlier input's
+    pictures. Translations ``streamed`` (written through to stdout as each chunk is done, then
+    stopped with Ctrl-C, say) keep their pictures. The folders made for them go where they
+    are left empty (the model failed to load, say)."""
     if args.plot_attention is None:
-        yield
-        return
-    if streamed:
-        make_picture_folder(args.plot_attention)
         yield
         return
     folder = Path(args.plot_attention)
@@ -343,8 +341,9 @@ def attention_pictures(args: argparse.Namespace, streamed: bool) -> Iterator[Non
         try:
             yield
         except BaseException:
-            for picture in folder.glob(PICTURES):
-                picture.unlink(missing_ok=True)
+            if not streamed:
+                for picture in folder.glob(PICTURES):
+                    picture.unlink(missing_ok=True)
             raise
 
 
