@@ -18,7 +18,7 @@ from nmt.callbacks import RunCheckpoint
 from nmt.config import existing_run_dir
 from nmt.errors import NMTError, first_line
 from nmt.files import refuse_export, remove_empty, save_atomic
-from nmt.run_identity import IDENTITY_KEY, check_identity, identity_of_run
+from nmt.run_identity import IDENTITY_KEY, LOADED_WRONGLY, check_identity, identity_of_run
 from nmt.translator import final_weights_of
 
 STEPS_DIR = "steps"  # RUN/steps/step<global step>.ckpt, written by training
@@ -75,16 +75,22 @@ def average_state_dicts(paths: list[Path], run_dir: Path | None = None
     """Element-wise mean of the ``state_dict`` of each checkpoint, accumulated in float64
     and cast back to each tensor's dtype; tensors that are not floating point (counters)
     must agree and are kept as they are. Loads one checkpoint at a time; each must have been
-    trained for ``run_dir``, the run they are averaged for, where given (``check_identity``).
+    trained for ``run_dir``, the run they are averaged for, where given (``check_identity``),
+    and where that run cannot tell (a folder of checkpoints alone, without config.yaml), for
+    the run of the first one that names its own: a mean of two runs' weights is no model.
     Returns the mean and the identity the checkpoints hold (None where none holds one: written
     before identities were kept), for the average to carry."""
     expected = None if run_dir is None else identity_of_run(run_dir)
+    owner, harm = run_dir, LOADED_WRONGLY  # whose identity ``expected`` is
     total: dict[str, torch.Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
     identity = None
     for path in paths:
         checkpoint = _load(path)
-        check_identity(checkpoint, expected, path, run_dir)
+        check_identity(checkpoint, expected, path, owner, harm)
+        if expected is None and isinstance(checkpoint.get(IDENTITY_KEY), dict):
+            expected, owner = checkpoint[IDENTITY_KEY], path
+            harm = "the two runs' weights cannot be averaged; average one run's checkpoints"
         identity = checkpoint.get(IDENTITY_KEY, identity)
         state = checkpoint["state_dict"]
         if total and (state.keys() != total.keys()

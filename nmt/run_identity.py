@@ -7,7 +7,8 @@ another SentencePiece model of the same size would translate silently wrong (int
 language, with a scorer it was not trained with, its piece ids read as other pieces). So
 training writes the run's identity into every checkpoint (``IDENTITY_KEY``), ``nmt average``
 carries it into its average, and what loads a checkpoint into a run (translate, evaluate,
-serve, export, average, resume) refuses one whose identity is not the run's.
+serve, export, average, resume) refuses one whose identity is not the run's; checkpoints
+averaged in a folder that cannot tell its run (no config.yaml) must name one run.
 
 A checkpoint written before the identity was kept has none and loads unchecked, as before.
 """
@@ -46,10 +47,14 @@ def identity_of_run(run_dir: Path) -> dict[str, str] | None:
     return run_identity(run_config(run_dir), Tokenizer(run_dir / "spm.model"))
 
 
+LOADED_WRONGLY = "its weights would translate wrongly there; use it with the run that trained it"
+
+
 def check_identity(checkpoint: dict, expected: dict[str, str] | None, path: Path,
-                   run_dir: Path | None) -> None:
+                   run_dir: Path | None, harm: str = LOADED_WRONGLY) -> None:
     """A one-line error where ``checkpoint`` (read from ``path``) holds an identity other than
-    ``expected``, the identity of the run ``run_dir`` it is loaded into. Nothing to check where
+    ``expected``, the identity of the run ``run_dir`` it is loaded into (or of the checkpoint
+    it is averaged with), ending with ``harm``, what would go wrong. Nothing to check where
     either is unknown: a checkpoint from before identities were kept, a folder that is no run."""
     theirs = checkpoint.get(IDENTITY_KEY) if isinstance(checkpoint, dict) else None
     if expected is None or not isinstance(theirs, dict):
@@ -63,5 +68,4 @@ def check_identity(checkpoint: dict, expected: dict[str, str] | None, path: Path
     }
     for key, why in differs.items():
         if key in theirs and theirs[key] != expected[key]:
-            raise NMTError(f"{path} is a checkpoint of another run, {why}: its weights would "
-                           "translate wrongly there; use it with the run that trained it")
+            raise NMTError(f"{path} is a checkpoint of another run, {why}: {harm}")

@@ -122,6 +122,25 @@ def test_an_average_given_to_another_run_with_weights_is_refused(run, corpus, tm
                    "that trained it\n")
 
 
+def test_a_folder_of_checkpoints_alone_averages_one_runs_only(run, tmp_path, capsys):
+    """Kept checkpoints of two runs gathered in a folder with no config.yaml to name its run:
+    each was checked against nothing, and their mean written as if of one model. They must
+    agree among themselves now."""
+    mixed = tmp_path / "mixed"
+    shutil.copytree(run / "steps", mixed / "steps")
+    first, second = sorted((mixed / "steps").glob("*.ckpt"))
+    checkpoint = _load(second)
+    checkpoint[IDENTITY_KEY]["pair"] = "en->de"  # an en->de run's, of the same shapes
+    torch.save(checkpoint, second)
+    assert main(["average", "--checkpoint", str(mixed)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {second} is a checkpoint of another run, trained en->de, not de->en as {first}: "
+        "the two runs' weights cannot be averaged; average one run's checkpoints\n")
+    assert not (mixed / "averaged.ckpt").exists()
+    second.unlink()  # one run's alone: averaged as before
+    assert main(["average", "--checkpoint", str(mixed)]) == 0
+
+
 @pytest.mark.parametrize("foreign", ["last.ckpt", "best.ckpt", "steps"])
 def test_a_checkpoint_copied_into_another_run_is_not_resumed(run, corpus, tmp_path, capsys, foreign):
     """An en->de run holding a de->en last.ckpt, best.ckpt or kept checkpoint copied in beside
