@@ -403,6 +403,23 @@ def test_greedy_evaluation_names_and_records_no_unused_option(run):
     assert "alpha" not in scores and "prune_margin" not in scores and scores["beam"] == 1
 
 
+def test_options_given_at_the_runs_own_values_name_no_files_of_their_own(run, capsys):
+    """evaluate --alpha 1.4 --precision 32-true --prune-margin 3, the run's own decoding options,
+    wrote test.beam2.alpha1.4.32-true.prune-3.*, the default's translations under another name:
+    an option names files only where it is not the run's own."""
+    args = ["evaluate", "--checkpoint", str(run), "--split", "test", "--beam", "2"]
+    assert main(args) == 0
+    before = sorted(p.name for p in (run / "eval").iterdir())
+    default = (run / "eval" / "test.beam2.hyp").read_text()
+    assert main([*args, "--alpha", "1.4", "--precision", "32-true", "--prune-margin", "3"]) == 0
+    assert sorted(p.name for p in (run / "eval").iterdir()) == before
+    assert (run / "eval" / "test.beam2.hyp").read_text() == default
+    capsys.readouterr()
+    assert main([*args, "--alpha", "1.4", "--prune-margin", "none"]) == 0  # one not its own
+    assert capsys.readouterr().out.endswith(
+        f"written to {run / 'eval' / 'test.beam2.prune-none'}.{{hyp,json}}\n")
+
+
 def test_evaluate_on_a_device_asked_for_keeps_both_results_and_names_the_device(run):
     """evaluate --device cpu and then --device cuda wrote the same files, each replacing the
     other's, and no JSON said where it was decoded: --device gets its own files beside the

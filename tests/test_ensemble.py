@@ -168,7 +168,7 @@ def test_bench_decode_times_an_ensemble(runs, capsys, monkeypatch):
     a, b = str(runs / "a"), str(runs / "b")
     fp32 = ["--precision", "32-true", "--beam", "2"]
     assert main(["evaluate", "--checkpoint", a, "--ensemble", b, *fp32]) == 0
-    [written] = (runs / "a" / "eval").glob("test.beam2.ensemble2-*.32-true.json")
+    [written] = (runs / "a" / "eval").glob("test.beam2.ensemble2-*.json")  # 32-true: the run's own
     steps = []
     decode_step = Ensemble.decode_step
     monkeypatch.setattr(Ensemble, "decode_step",

@@ -383,15 +383,18 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     pairs = evaluation_pairs(run_config(run_dir).data, split, args.files)
     translator = open_translator(args)
     record = decoding_record(translator, run_dir, args.beam, args.alpha)
-    # each option given gets its own files, unless the decoding left it unused (greedy's alpha
-    # and margin: not in the record) and they would hold the default's results
-    alpha = args.alpha if "alpha" in record else None
-    margin = (margin_name(translator.config.decoding.prune_margin)
-              if args.prune_margin and "prune_margin" in record else None)
+    # each option given gets its own files, unless they would hold the default's results: the
+    # option is the run's own decoding option (--precision auto of an auto run), or the
+    # decoding left it unused (greedy's alpha and margin: not in the record)
+    own = run_decoding(args.checkpoint, args.engine)
+    alpha = args.alpha if "alpha" in record and args.alpha != own.alpha else None
+    precision = args.precision if args.precision != own.precision else None
+    margin = (margin_name(record["prune_margin"]) if args.prune_margin and "prune_margin" in record
+              and record["prune_margin"] != own.prune_margin else None)
     weights = record.get("weights") if args.weights else None  # inside the run: relative
     name = files_name(*args.files) if args.files else split
     device = record["device"] if args.device else None  # as decoded on: --device cuda is cuda:0
-    stem = eval_file_stem(name, record["beam"], weights, alpha, args.precision, margin,
+    stem = eval_file_stem(name, record["beam"], weights, alpha, precision, margin,
                           record.get("ensemble", []), device)
     with evaluation_writer(run_dir / "eval", stem) as write:
         hyps, scores = evaluate_split(translator, split, pairs, record, args.files)
