@@ -11,14 +11,17 @@ weights. What has to match our ``TransformerModel`` exactly:
 * torch's LayerNorm epsilon (1e-5) and its separate q, k, v projections, fused here the way
   CTranslate2 expects them (q|k|v for self-attention, k|v for cross-attention).
 
-``CTranslate2Translator`` offers ``Translator.translate`` over an exported directory.
+``CTranslate2Translator`` offers ``Translator.translate`` over an exported directory, and warns
+where the run's checkpoint it came from has changed since (``stale_export``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
+import sys
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,14 +40,21 @@ from nmt.files import is_export, made_folders_removed_on_failure, refuse_export,
 from nmt.models import model_option
 from nmt.models.transformer import TransformerModel
 from nmt.search import length_penalty, max_output_lengths
-from nmt.translator import Translation, Translator, decoding_options, encode_truncated
+from nmt.translator import (
+    Translation,
+    Translator,
+    decoding_options,
+    encode_truncated,
+    find_checkpoint,
+)
 
 QUANTIZATIONS = ("float32", "int8")
 BESIDE_THE_MODEL = ("spm.model", "config.yaml")  # what our side needs: pieces and options
+SOURCE = "source.json"  # the checkpoint exported, as it was then (``export_source``)
 # What an export folder holds: CTranslate2's files (its vocabulary as .json or .txt, by version)
 # and ours.
 EXPORT_FILES = {"model.bin", "config.json", "shared_vocabulary.json", "shared_vocabulary.txt",
-                *BESIDE_THE_MODEL}
+                *BESIDE_THE_MODEL, SOURCE}
 NEVER_EMITTED = [["<pad>"], ["<s>"]]  # as in search.restrict
 # CTranslate2 divides a finished hypothesis' log-probability by length ** its length penalty
 # once the search is done (ours, GNMT's, is applied afterwards: ``ranked``). With a penalty of
@@ -160,6 +170,7 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
     # fp32 as stored: nothing is decoded, so auto's timing probe would only cost seconds
     translator = Translator.from_run_dir(run_dir, "cpu", weights, precision="32-true")
     beside = run_files(run_dir)
+    source = export_source(run_dir, translator.checkpoint, weights)
     # Written beside ``out`` and swapped in whole: a failed export (a full disk, Ctrl-C)
     # leaves an earlier export in ``out`` as it was.
     target = out.resolve()  # "../ct2" made whole, to put the new one beside
@@ -170,6 +181,7 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
             for name, (content, mode) in beside.items():
                 (new / name).write_bytes(content)
                 (new / name).chmod(mode)  # a private run file stays private in the export
+            (new / SOURCE).write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
             if target.exists():  # replaced: its permissions kept (a private folder stays so)
                 shutil.copymode(target, new)
                 target.rename(old)
@@ -182,6 +194,34 @@ def export_ctranslate2(run_dir: str | Path, out: str | Path, quantization: str =
             for folder in (new, old):
                 shutil.rmtree(folder, ignore_errors=True)
     return out
+
+
+def export_source(run_dir: Path, checkpoint: Path, weights: str | None) -> dict:
+    """What an export records of where it came from (``SOURCE``): the run, the checkpoint file
+    and its modification time (training writes the file anew as the run trains on), and
+    whether that file was the run's own choice (no --weights), which later training may move
+    to another file (its average)."""
+    return {"run": str(run_dir.resolve()), "checkpoint": str(checkpoint.resolve()),
+            "modified_ns": checkpoint.stat().st_mtime_ns, "run_choice": weights is None}
+
+
+def stale_export(model_dir: Path) -> str | None:
+    """Why the export in ``model_dir`` no longer holds what its run would export now (see
+    ``export_source``): its checkpoint has been written again, or the run now translates with
+    another file. None where it still does, or where that cannot be told: an export made
+    before ``SOURCE`` was kept, or one whose run is not on this machine (copied to a server)."""
+    try:
+        source = json.loads((model_dir / SOURCE).read_text(encoding="utf-8"))
+        run, taken = Path(source["run"]), Path(source["checkpoint"])
+        now = find_checkpoint(run, warn=False) if source["run_choice"] else taken
+        modified = now.stat().st_mtime_ns
+    except (OSError, ValueError, KeyError, TypeError, NMTError):  # TypeError: not an object
+        return None
+    if now.resolve() != taken:
+        return f"{run} now translates with {now.name}, not the {taken.name} it was exported from"
+    if modified != source["modified_ns"]:
+        return f"{taken} has been written again since it was exported (the run trained on)"
+    return None
 
 
 def run_files(run_dir: Path) -> dict[str, tuple[bytes, int]]:
@@ -222,8 +262,9 @@ def check_export_target(out: Path) -> None:
 def check_export(model_dir: str | Path) -> None:
     """A one-line ``NMTError`` where an export would not load (a damaged model.bin or
     config.json): loaded once on the CPU and let go (a server checks this before its worker
-    processes load the models, whose failure is a traceback in the log)."""
-    CTranslate2Translator(model_dir, "cpu", threads=1)
+    processes load the models, whose failure is a traceback in the log; they warn where it is
+    out of date)."""
+    CTranslate2Translator(model_dir, "cpu", threads=1, warn=False)
 
 
 @dataclass
@@ -256,9 +297,15 @@ class CTranslate2Translator:
     untrained model, which gives PAD and BOS weight.
     """
 
-    def __init__(self, model_dir: str | Path, device: str | None = None, threads: int = 0):
+    def __init__(self, model_dir: str | Path, device: str | None = None, threads: int = 0,
+                 warn: bool = True):
+        """The export in ``model_dir`` on ``device``, with a one-line warning on stderr where
+        its run's checkpoint has changed since (``stale_export``), unless ``warn`` is False."""
         model_dir = Path(model_dir)
         require_export(model_dir)
+        if warn and (why := stale_export(model_dir)):
+            print(f"warning: {model_dir} is out of date: {why}; export it again (nmt export)",
+                  file=sys.stderr)
         self.config = load_config(model_dir / "config.yaml")
         self.tokenizer = Tokenizer(model_dir / "spm.model")
         self.max_positions = model_option(TransformerModel, self.config.model, "max_positions")

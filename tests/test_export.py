@@ -46,7 +46,7 @@ def sources(corpus) -> list[str]:
 
 
 def test_export_writes_model_beside_tokenizer_and_config(exported):
-    for name in ("model.bin", "shared_vocabulary.json", "spm.model", "config.yaml"):
+    for name in ("model.bin", "shared_vocabulary.json", "spm.model", "config.yaml", "source.json"):
         assert (exported / name).is_file(), name
 
 
@@ -173,6 +173,41 @@ def test_translate_cli_with_ctranslate2_engine(run, exported, tmp_path, capsys):
                      "--input", str(source), "--beam", "1", *extra]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] == outputs[2] and outputs[1].count("\n") == 3
+
+
+def test_an_export_warns_once_its_run_has_moved_on(run, tmp_path, capsys):
+    """An export did not say which checkpoint it came from, so one made before the run trained
+    on translated with the old weights without a word. It records the file now, and the
+    ctranslate2 engine warns in one line where that file was written again or the run now
+    translates with another; an export whose run is not on this machine (a server) is quiet."""
+    copy, out = tmp_path / "run", tmp_path / "run.ct2"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("eval"))
+    assert main(["export", "--checkpoint", str(copy), "--out", str(out)]) == 0
+    best = copy / "best.ckpt"
+    recorded = json.loads((out / "source.json").read_text())
+    assert recorded["checkpoint"] == str(best.resolve()) and recorded["run_choice"]
+    source = tmp_path / "in.txt"
+    source.write_text("haus mann\n", encoding="utf-8")
+
+    def warning() -> str:
+        capsys.readouterr()
+        assert main(["translate", "--engine", "ctranslate2", "--checkpoint", str(out),
+                     "--input", str(source)]) == 0
+        return capsys.readouterr().err
+
+    assert warning() == ""
+    written = best.stat().st_mtime_ns
+    os.utime(best, ns=(written, written + 10**9))  # the run trained on and wrote it anew
+    assert warning() == (f"warning: {out} is out of date: {best.resolve()} has been written again "
+                         "since it was exported (the run trained on); export it again (nmt export)\n")
+    os.utime(best, ns=(written, written))
+    shutil.copyfile(best, copy / "averaged.ckpt")  # training chose its average since
+    (copy / "train_stats.json").write_text(json.dumps({"final_weights": "averaged.ckpt"}))
+    assert warning() == (f"warning: {out} is out of date: {copy.resolve()} now translates with "
+                         "averaged.ckpt, not the best.ckpt it was exported from; export it again "
+                         "(nmt export)\n")
+    copy.rename(tmp_path / "moved")  # the run is not where the export came from
+    assert warning() == ""
 
 
 def test_evaluate_with_ctranslate2_engine_scores_as_ours(run, exported):
