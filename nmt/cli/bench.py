@@ -111,9 +111,13 @@ def add_bench_attention(what: argparse._SubParsersAction) -> None:
     bench_attention.add_argument("--max-len", type=int, default=1024,
                                  help="lengths timed: 16, 32, 64, ..., doubling up to this "
                                  "(1000 stops at 512; default 1024)")
-    bench_attention.add_argument("--batch", type=positive_int, default=2)
-    bench_attention.add_argument("--heads", type=positive_int, default=4)
-    bench_attention.add_argument("--head-dim", type=positive_int, default=32)
+    bench_attention.add_argument("--batch", type=positive_int, default=2,
+                                 help="sentences attended at once (default 2)")
+    bench_attention.add_argument("--heads", type=positive_int, default=4,
+                                 help="attention heads (default 4)")
+    bench_attention.add_argument("--head-dim", type=positive_int, default=32,
+                                 help="each head's query, key and value size, and the additive "
+                                 "scorers' hidden size (default 32)")
     bench_attention.add_argument("--plot", default="results/bench_attention.png",
                                  help="log-log plot of time against length (default "
                                  "results/bench_attention.png; '' draws none)")
