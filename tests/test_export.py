@@ -629,7 +629,7 @@ def test_an_export_is_served_with_its_attention(exported, sources):
     each text's attention has a row per target piece (EOS included) and a column per source
     piece; an empty text has none."""
     pytest.importorskip("litserve")
-    from nmt.serve import TranslationAPI
+    from nmt.serve.api import TranslationAPI
 
     api = TranslationAPI({"ct2": str(exported)}, "ctranslate2", default_beam=2, max_batch=4)
     api.setup("cpu")

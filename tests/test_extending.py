@@ -6,7 +6,7 @@ n-best lists, attention pictures), evaluating, averaging and what ``nmt serve`` 
 from __future__ import annotations
 
 from nmt.cli import main
-from nmt.serve import model_info
+from nmt.serve.models import model_info
 
 from .conftest import write_corpus
 from .toys import toy_config

@@ -200,7 +200,7 @@ def test_bad_request_gets_one_line_400(server, body, message):
 def test_null_means_the_default_as_an_omitted_field():
     """The page's beam box, cleared, sent "beam": null (JSON's NaN), as a form's empty box
     does: a 400 "'beam' must be an integer from 1 to 16, got null", "model": null likewise."""
-    from nmt.serve import Job, parse_request
+    from nmt.serve.request import Job, parse_request
 
     models = ["first", "second"]
     nulls = {"text": ["x"], "beam": None, "attention": None, "model": None}
@@ -211,7 +211,7 @@ def test_null_means_the_default_as_an_omitted_field():
 def test_a_whole_number_sent_as_a_float_is_an_integer():
     """JSON clients often send every number as a float (JavaScript has no other): "beam": 2.0
     got a 400 "'beam' must be an integer"; it is beam 2 now, where 2.5 is still refused."""
-    from nmt.serve import Job, Rejected, parse_request
+    from nmt.serve.request import Job, Rejected, parse_request
 
     models = ["first"]
     assert parse_request({"text": ["x"], "beam": 2.0}, models, 5) == Job(["x"], 2, False, "first")
@@ -233,7 +233,7 @@ def test_too_long_text_is_truncated_with_warning(server):
 def test_a_truncated_text_is_reported_in_its_answer_not_in_the_log(runs, capsys):
     """The answer names the texts cut to the model's length; the server's stderr does not (any
     client could flood it, and its line numbers would count a batch's texts, not a request's)."""
-    from nmt.serve import TranslationAPI
+    from nmt.serve.api import TranslationAPI
 
     translators, _, _ = runs
     api = TranslationAPI({"first": "unused"}, "torch", default_beam=1, max_batch=4)
@@ -357,7 +357,7 @@ def test_a_server_stopped_while_its_worker_loads_stops_the_worker(runs, monkeypa
             worker.kill()
 
 
-@pytest.mark.parametrize("owner, name", [("nmt.serve", "check_run_weights"),  # before a worker
+@pytest.mark.parametrize("owner, name", [("nmt.serve.server", "check_run_weights"),  # before a worker
                                          ("litserve:LitServer", "verify_worker_status")])  # loading
 def test_sigterm_before_the_server_serves_ends_it_as_once_it_serves(runs, owner, name):
     """SIGTERM, a supervisor's stop (systemctl stop, a Kubernetes pod deleted), ends a server
@@ -426,7 +426,7 @@ def test_a_worker_stopped_by_litserve_is_not_called_dead(exitcodes, death):
     exit code, also the SIGTERM LitServe sends its workers as it shuts down for another cause."""
     from types import SimpleNamespace
 
-    from nmt.serve import worker_death
+    from nmt.serve.processes import worker_death
 
     server = SimpleNamespace(inference_workers=[SimpleNamespace(exitcode=code) for code in exitcodes])
     assert worker_death(server) == death
@@ -629,7 +629,7 @@ def test_a_server_probes_auto_at_its_default_beam(runs, tmp_path, monkeypatch):
     """auto's probe timed the run's decoding.beam_size (5), whatever --beam the server
     decodes requests at: now --beam's, for a batch of --max-batch requests."""
     from nmt import precision
-    from nmt.serve import TranslationAPI
+    from nmt.serve.api import TranslationAPI
 
     _, paths, _ = runs
     monkeypatch.setattr(precision, "CACHE", tmp_path / "precision.json")
@@ -710,7 +710,8 @@ def test_an_ensemble_is_served_as_one_model(runs):
     """serve --checkpoint first --ensemble second: one model, named first, that translates as
     translate --ensemble does; /info counts both runs' parameters; asked for attention, it
     answers null (the attention would be the first run's alone)."""
-    from nmt.serve import TranslationAPI, model_info
+    from nmt.serve.api import TranslationAPI
+    from nmt.serve.models import model_info
 
     _, paths, sentences = runs
     first, second = map(str, paths)
@@ -732,7 +733,7 @@ def test_an_ensemble_is_served_as_one_model(runs):
 def test_a_run_served_through_a_link_is_named_after_the_link(runs, tmp_path):
     """A model is named after the directory given: a link's name, not its target's (served as
     "first", "current" changed name whenever the link moved to a newer run)."""
-    from nmt.serve import model_info, served_models
+    from nmt.serve.models import model_info, served_models
 
     _, paths, _ = runs
     current = tmp_path / "current"
@@ -745,7 +746,8 @@ def test_a_run_served_through_a_link_is_named_after_the_link(runs, tmp_path):
 
 def test_a_served_runs_missing_chosen_weights_are_named_once(runs, tmp_path, capsys):
     """The server's start-up check is quiet about it; the worker's load says it, once."""
-    from nmt.serve import TranslationAPI, build_server
+    from nmt.serve.api import TranslationAPI
+    from nmt.serve.server import build_server
 
     _, paths, _ = runs
     run = tmp_path / "first"

@@ -1,0 +1,142 @@
+"""A request's body checked field by field: a ``Job`` to translate, or a ``Rejected`` with
+its one-line error; FastAPI's own errors about a body in the same {"error": ...} form."""
+
+import json
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import AfterValidator
+from starlette.exceptions import HTTPException
+
+FIELDS = ("text", "beam", "attention", "model")
+MAX_TEXTS = 64  # texts per request: more would hold up everyone batched with it
+MAX_PIECES = 4096  # source pieces per request (after truncation), for the same reason
+MAX_BEAM = 16
+MAX_DEPTH = 8  # how deep a body's arrays and objects may nest; {"text": ["..."]} needs 2
+
+
+def shallow(body: dict) -> dict:
+    """``body`` if its arrays and objects nest at most ``MAX_DEPTH`` deep. FastAPI checks it in
+    the HTTP process (``RequestBody``), before LitServe pickles the body for its worker, where
+    a few hundred levels overflowed pickle's recursion: a 500, and a traceback in the log."""
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(f"the body nests deeper than {MAX_DEPTH} levels; send a JSON object "
+                             'like {"text": ["..."]}')
+        items = value.values() if isinstance(value, dict) else value
+        stack.extend((item, depth + 1) for item in items if isinstance(item, (dict, list)))
+    return body
+
+
+RequestBody = Annotated[dict, AfterValidator(shallow)]  # a JSON object, parsed by FastAPI
+
+
+@dataclass
+class Job:
+    """A valid request: what to translate, with which model and how."""
+
+    texts: list[str]
+    beam: int
+    attention: bool
+    model: str
+    warnings: list[str] = field(default_factory=list)  # texts cut to the model's length
+
+
+@dataclass
+class Rejected:
+    """A request that failed validation (400), or whose decoding failed (500)."""
+
+    message: str
+    status: int = 400
+
+
+def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Rejected:
+    """Check a decoded JSON body field by field; the first problem found is the message."""
+    if not isinstance(body, dict):
+        return Rejected('the body must be a JSON object like {"text": ["..."]}')
+    unknown = [key for key in body if key not in FIELDS]
+    if unknown:
+        return Rejected(f"unknown field {quoted(unknown[0])}; valid fields: {', '.join(FIELDS)}")
+    texts, beam = body.get("text"), optional(body, "beam", default_beam)
+    attention, model = optional(body, "attention", False), optional(body, "model", models[0])
+    if "text" not in body:
+        return Rejected("missing field 'text': a list of strings to translate")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        return Rejected("'text' must be a list of strings")
+    if not 1 <= len(texts) <= MAX_TEXTS:
+        return Rejected(f"'text' must hold 1 to {MAX_TEXTS} strings, got {len(texts)}")
+    for number, text in enumerate(texts, start=1):
+        if not _is_unicode(text):
+            return Rejected(f"text {number} is not valid Unicode (a lone surrogate escape)")
+    whole_beam = integral(beam)
+    if type(whole_beam) is not int or not 1 <= whole_beam <= MAX_BEAM:  # bool is an int: excluded
+        return Rejected(f"'beam' must be an integer from 1 to {MAX_BEAM}, got {quoted(beam)}")
+    if not isinstance(attention, bool):
+        return Rejected(f"'attention' must be true or false, got {quoted(attention)}")
+    if model not in models:
+        return Rejected(f"unknown model {quoted(model)}; served: {', '.join(map(quoted, models))}")
+    return Job(texts, whole_beam, attention, model)
+
+
+def optional(body: dict, key: str, default: Any) -> Any:
+    """An optional field's value: ``default`` where it is left out or null, as a form's empty
+    box sends it (the page's beam box, cleared, sent null and got a 400)."""
+    value = body.get(key)
+    return default if value is None else value
+
+
+def integral(value: Any) -> Any:
+    """A float that is a whole number (``2.0``) as the integer it is: JSON clients often send
+    every number as a float (JavaScript has no other), and ``"beam": 2.0`` got a 400. Any
+    other value is returned as it is, for its field's check to refuse (``2.5``) or take."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def quoted(value: Any) -> str:
+    """``value`` as JSON writes it, a lone surrogate escaped too: a client's key or model name
+    in an error can break neither the answer's UTF-8 (a 500 for every request batched with it)
+    nor its one line."""
+    return json.dumps(value, ensure_ascii=False).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _is_unicode(text: str) -> bool:
+    """False for JSON's lone surrogates ("\\ud800"), which SentencePiece cannot take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+async def bad_body(request: Request, error: RequestValidationError) -> JSONResponse:
+    """FastAPI's answer to a body that is not a JSON object, in our one-line form."""
+    first = error.errors()[0]
+    if first["type"] == "json_invalid":
+        message = "the body is not valid JSON"
+    elif first["type"] == "value_error":  # ours: shallow's
+        message = str(first["ctx"]["error"])
+    elif first["type"] == "missing":
+        message = 'the body is empty; send a JSON object like {"text": ["..."]}'
+    elif isinstance(first.get("input"), bytes):  # FastAPI parses JSON only when told it is JSON
+        message = "send the body as JSON, with the header Content-Type: application/json"
+    else:
+        message = 'the body must be a JSON object like {"text": ["..."]}'
+    return JSONResponse({"error": message}, status_code=400)
+
+
+async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+    """Every other HTTP error (unreadable body, timeout, ...) in the same {"error": ...} form.
+    A body that is not UTF-8 is said so, where FastAPI says only "There was an error parsing
+    the body": it parses the JSON (LitServe hands ``decode_request`` the parsed body, in its
+    worker, or with a ``Request`` parameter parses it itself), and keeps why as the cause."""
+    message = str(error.detail)
+    if isinstance(cause := error.__cause__, UnicodeDecodeError):
+        where = f" (byte {cause.start})" if cause.encoding == "utf-8" else ""  # from 0, as a file's
+        message = f"the body is not valid UTF-8{where}: send the JSON encoded as UTF-8"
+    return JSONResponse({"error": message}, status_code=error.status_code,
+                        headers=getattr(error, "headers", None))
