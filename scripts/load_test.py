@@ -151,7 +151,10 @@ def main() -> int:
         parser.error("--url must be on this machine (127.0.0.1 or localhost)")
     if args.clients < 1 or not args.seconds > 0:
         parser.error("--clients must be at least 1 and --seconds above 0: nothing would be sent")
-    lines = read_lines(args.input)
+    try:
+        lines = read_lines(args.input)
+    except (OSError, UnicodeDecodeError) as err:  # not found, a folder, not gzip, not UTF-8
+        parser.error(f"--input {args.input} cannot be read: {getattr(err, 'strerror', None) or err}")
     if not lines:
         parser.error(f"--input {args.input} holds no lines to send")
     body = {"beam": args.beam, **({"model": args.model} if args.model else {})}

@@ -76,3 +76,22 @@ def test_an_empty_input_is_refused(load_test, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         load_test.main()
     assert "holds no lines to send" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("missing.de", None, "No such file or directory"),
+    ("latin1.de", "Männer\n".encode("latin-1"), "can't decode byte 0xe4"),
+    ("plain.de.gz", b"Ein Hund.\n", "Not a gzipped file"),
+])
+def test_an_unreadable_input_is_one_line(load_test, tmp_path, monkeypatch, capsys, name, content,
+                                         message):
+    """An --input that is missing, not UTF-8 or not gzip (named .gz) was a traceback."""
+    lines = tmp_path / name
+    if content is not None:
+        lines.write_bytes(content)
+    monkeypatch.setattr(sys, "argv", ["load_test.py", "--checkpoint", "RUN", "--input", str(lines)])
+    with pytest.raises(SystemExit):
+        load_test.main()
+    err = capsys.readouterr().err
+    assert f"error: --input {lines} cannot be read: " in err and message in err
+    assert "Traceback" not in err
