@@ -87,8 +87,12 @@ def reference(checkpoint: str, lines: list[str], beam: int, engine: str,
         command = [sys.executable, "-m", "nmt", "translate", "--checkpoint", checkpoint,
                    "--beam", str(beam), "--engine", engine, "--input", str(source),
                    *(["--precision", precision] if precision else [])]
-        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return out.splitlines()
+        done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:  # its one-line error, last on stderr, after any notes
+        said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        sys.exit(f"error: nmt translate --checkpoint {checkpoint}, the reference the answers "
+                 f"are checked against, failed: {said.removeprefix('error: ')}")
+    return done.stdout.splitlines()
 
 
 def percentile(values: list[float], q: int) -> float:

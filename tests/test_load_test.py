@@ -95,3 +95,13 @@ def test_an_unreadable_input_is_one_line(load_test, tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err
     assert f"error: --input {lines} cannot be read: " in err and message in err
     assert "Traceback" not in err
+
+
+def test_a_checkpoint_translate_refuses_is_one_line(load_test, tmp_path, capsys):
+    """A --checkpoint that nmt translate refuses (a typo: no such run) was, after the whole
+    load, a CalledProcessError traceback that hid translate's own error."""
+    with pytest.raises(SystemExit) as ended:
+        load_test.reference(str(tmp_path / "nope"), ["Ein Hund."], 5, "torch", None)
+    assert ended.value.code == (f"error: nmt translate --checkpoint {tmp_path / 'nope'}, the reference "
+                                f"the answers are checked against, failed: checkpoint directory not "
+                                f"found: {tmp_path / 'nope'}")
