@@ -191,6 +191,8 @@ def test_attention_matrix_with_pieces(server, runs):
     (b'{"text": ["x"], "beam": ' + b"[" * 8 + b"]" * 8 + b"}", "nests deeper than 8 levels"),
     # deeper than pickle could take on its way to the worker: a 500 before
     (b'{"text": ["x"], "beam": ' + b"[" * 600 + b"]" * 600 + b"}", "nests deeper than 8 levels"),
+    # deeper than Python's JSON parser takes: "There was an error parsing the body" before
+    (b'{"text": ["x"], "beam": ' + b"[" * 3000 + b"]" * 3000 + b"}", "nests deeper than 8 levels"),
 ])
 def test_bad_request_gets_one_line_400(server, body, message):
     status, answer = request(server + "/translate", body)

@@ -16,6 +16,7 @@ MAX_TEXTS = 64  # texts per request: more would hold up everyone batched with it
 MAX_PIECES = 4096  # source pieces per request (after truncation), for the same reason
 MAX_BEAM = 16
 MAX_DEPTH = 8  # how deep a body's arrays and objects may nest; {"text": ["..."]} needs 2
+TOO_DEEP = f'the body nests deeper than {MAX_DEPTH} levels; send a JSON object like {{"text": ["..."]}}'
 
 
 def shallow(body: dict) -> dict:
@@ -26,8 +27,7 @@ def shallow(body: dict) -> dict:
     while stack:
         value, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise ValueError(f"the body nests deeper than {MAX_DEPTH} levels; send a JSON object "
-                             'like {"text": ["..."]}')
+            raise ValueError(TOO_DEEP)
         items = value.values() if isinstance(value, dict) else value
         stack.extend((item, depth + 1) for item in items if isinstance(item, (dict, list)))
     return body
@@ -131,12 +131,16 @@ async def bad_body(request: Request, error: RequestValidationError) -> JSONRespo
 
 async def http_error(request: Request, error: HTTPException) -> JSONResponse:
     """Every other HTTP error (unreadable body, timeout, ...) in the same {"error": ...} form.
-    A body that is not UTF-8 is said so, where FastAPI says only "There was an error parsing
-    the body": it parses the JSON (LitServe hands ``decode_request`` the parsed body, in its
-    worker, or with a ``Request`` parameter parses it itself), and keeps why as the cause."""
+    A body that is not UTF-8, or that nests too deep for Python's JSON parser (about 1,000
+    levels: a RecursionError, before ``shallow`` could count them), is said so, where FastAPI
+    says only "There was an error parsing the body": it parses the JSON (LitServe hands
+    ``decode_request`` the parsed body, in its worker, or with a ``Request`` parameter parses
+    it itself), and keeps why as the cause."""
     message = str(error.detail)
     if isinstance(cause := error.__cause__, UnicodeDecodeError):
         where = f" (byte {cause.start})" if cause.encoding == "utf-8" else ""  # from 0, as a file's
         message = f"the body is not valid UTF-8{where}: send the JSON encoded as UTF-8"
+    elif isinstance(cause, RecursionError):
+        message = TOO_DEEP
     return JSONResponse({"error": message}, status_code=error.status_code,
                         headers=getattr(error, "headers", None))
