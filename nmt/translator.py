@@ -157,7 +157,9 @@ def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool
                       f"using {name}", file=sys.stderr)
             return run_dir / name
     refuse_export(run_dir, "decode it with --engine ctranslate2")
-    raise NMTError(f"no best.ckpt or last.ckpt in {run_dir}: is it a training run directory?")
+    # the run's config was read before: a run directory, one that has not saved weights yet
+    raise NMTError(f"no best.ckpt or last.ckpt in {run_dir} yet: a run saves them from its first "
+                   "validation on, which one still training may not have reached")
 
 
 def _weights_elsewhere(run_dir: Path, weights: str, given: Path) -> str:

@@ -53,3 +53,16 @@ def test_decoding_device_is_checked_against_the_machine(monkeypatch):
     assert decoding_device(None) == "cpu"
     with pytest.raises(NMTError, match="no CUDA device is available"):
         decoding_device("cuda:0")
+
+
+def test_a_run_with_no_checkpoint_yet_is_not_called_something_else(tmp_path):
+    """A run still training before its first validation (its config written, no weights yet):
+    serve, translate and evaluate asked "is it a training run directory?" of what is one."""
+    from nmt.translator import find_checkpoint
+
+    (tmp_path / "config.yaml").write_text("")
+    with pytest.raises(NMTError) as refused:
+        find_checkpoint(tmp_path)
+    assert str(refused.value) == (f"no best.ckpt or last.ckpt in {tmp_path} yet: a run saves them "
+                                  "from its first validation on, which one still training may "
+                                  "not have reached")
