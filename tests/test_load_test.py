@@ -26,21 +26,31 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_server_that_answers_nothing_is_one_line_not_a_traceback(load_test, tmp_path,
-                                                                   monkeypatch, capsys):
+def test_no_server_is_one_line_before_any_load(load_test, tmp_path, monkeypatch, capsys):
     """With no server on the port every request failed, and the percentiles of no latency
-    were a StatisticsError traceback, after translating the lines for nothing."""
+    were a StatisticsError traceback, after translating the lines for nothing; then the
+    clients spun through refused connections for the whole --seconds before saying so."""
     lines = tmp_path / "in.de"
     lines.write_text("Ein Hund.\nZwei Katzen.\n", encoding="utf-8")
     url = f"http://127.0.0.1:{closed_port()}"
     monkeypatch.setattr(load_test, "reference", lambda *args: pytest.fail("nothing to check"))
+    monkeypatch.setattr(load_test, "run_load", lambda *args: pytest.fail("no load without a server"))
     monkeypatch.setattr(sys, "argv", ["load_test.py", "--url", url, "--checkpoint", "RUN",
-                                      "--input", str(lines), "--clients", "2", "--seconds", "0.1"])
+                                      "--input", str(lines), "--clients", "2", "--seconds", "60"])
     with pytest.raises(SystemExit) as ended:
         load_test.main()
     message = str(ended.value.code)
-    assert message.startswith("error: none of the ") and "requests to " + url in message
-    assert "no answer:" in message and "refused" in message and "\n" not in message
+    assert message.startswith(f"error: nothing answers at {url} (") and "refused" in message
+    assert message.endswith("start nmt serve first, or give its --url") and "\n" not in message
+
+
+def test_a_server_that_answers_no_request_is_one_line_not_a_traceback(load_test, monkeypatch):
+    """A server that listens but answers every request with an error (another service on the
+    port, say): no translation to check, and no percentiles of no latency."""
+    records = [(0, 0.01, 404, "Not Found"), (1, 0.01, 404, "Not Found")]
+    message = load_test.nothing_answered(records, "http://127.0.0.1:8000")
+    assert message == ("error: none of the 2 requests to http://127.0.0.1:8000 was answered; the "
+                       "first failed at line 0: HTTP 404: Not Found")
 
 
 def test_one_answered_request_is_summarised(load_test, capsys):
