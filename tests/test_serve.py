@@ -693,6 +693,7 @@ def test_serve_refuses_a_weights_path_for_several_runs(runs, capsys, monkeypatch
 
 
 @pytest.mark.parametrize("host, url", [("127.0.0.1", "http://127.0.0.1:{}/"),
+                                       ("localhost", "http://127.0.0.1:{}/"),  # was refused
                                        ("::", "http://[::]:{}/")])  # was http://:::8000/
 def test_serve_prints_a_url_that_opens(runs, capsys, monkeypatch, host, url):
     """The URL printed at start (LitServe's run replaced: nothing is served here), and the

@@ -23,6 +23,7 @@ from nmt.serve.request import MAX_BEAM, bad_body, http_error
 from nmt.translator import check_ensemble, check_run_weights, decoding_options
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
+HOST_NAMES = {"localhost": "127.0.0.1"}  # LitServe takes addresses only
 MAX_PAYLOAD = 1_000_000  # bytes
 
 
@@ -103,8 +104,10 @@ def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: s
     """Serve until Ctrl-C or SIGTERM, which stop LitServe's worker processes too and end the
     command as a finished one, whether the models were still loading or served: LitServe
     ends so once it serves, and a supervisor's stop (systemd, Kubernetes) is a clean end."""
+    host = HOST_NAMES.get(host, host)
     if host not in HOSTS:
-        raise NMTError(f"--host must be one of {', '.join(HOSTS)} (LitServe binds only these)")
+        raise NMTError(f"--host must be one of {', '.join(HOSTS)} or localhost (LitServe binds "
+                       "only these)")
     if not 1024 <= port <= 65535:
         raise NMTError(f"--port must be from 1024 to 65535, got {port}")
     if max_batch < 1:
