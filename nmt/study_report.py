@@ -203,7 +203,7 @@ def summarise(cfg: CompareConfig, records: dict[Cell, dict], p_boot: dict[Cell, 
              for c in (Cell(group, family, attention, variant, seed) for seed in sorted(mine))],
             "p_seeds": seed_test(mine, base, attention == cfg.baselines[family]),
             "parameters": next(iter(mine.values()))["train"]["parameters"],
-            "steps": next(iter(mine.values()))["train"]["steps"],
+            "steps": steps_of(mine),
             "decode_sent_per_s": _mean([r["decode_sent_per_s"] for r in mine.values()], 1),
         }
         for kind in ("cross", "encoder"):
@@ -213,6 +213,13 @@ def summarise(cfg: CompareConfig, records: dict[Cell, dict], p_boot: dict[Cell, 
                     row[f"{kind}_{stat}"] = _mean(values, 3)
         rows.append(row)
     return rows
+
+
+def steps_of(mine: dict[int, dict]) -> int | str:
+    """The updates the seeds of a row trained: one number, or their range where they differ
+    (early stopping ends each seed at its own update)."""
+    steps = sorted({r["train"]["steps"] for r in mine.values()})
+    return steps[0] if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
 
 
 def seed_test(mine: dict[int, dict], base: dict[int, dict], is_baseline: bool) -> float | None:

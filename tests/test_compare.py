@@ -732,6 +732,25 @@ def test_a_family_is_known_by_its_model_not_its_label():
     assert row["d_k"] == 16 and row["family"] == "tf"
 
 
+def test_a_row_names_the_range_of_its_seeds_steps():
+    """Early stopping ends each seed at its own update: the row showed the first seed's."""
+    from nmt.compare import Cell
+    from nmt.study_report import summarise
+
+    def record(steps: int) -> dict:
+        return {"scores": {"bleu": 30.0, "chrf": 50.0}, "attention_stats": {},
+                "config": {"model": {"family": "transformer", "d_model": 32, "heads": 2}},
+                "train": {"parameters": 1, "steps": steps}, "decode_sent_per_s": 1.0}
+
+    cfg = SimpleNamespace(baselines={"tf": "scaled_dot"})
+    records = {Cell("main", "tf", "scaled_dot", "base", seed): record(steps)
+               for seed, steps in ((1, 900), (2, 700), (3, 800))}
+    [row] = summarise(cfg, records, {})
+    assert row["steps"] == "700-900"
+    [row] = summarise(cfg, {cell: record(800) for cell in records}, {})
+    assert row["steps"] == 800
+
+
 def test_a_new_familys_records_are_read_and_tabled(toy_registries, tmp_path):
     """A new family's cells trained and recorded, and then their records read as damaged (the
     check wanted an RNN's hidden_size or a Transformer's d_model and heads) and the tables would
