@@ -51,7 +51,8 @@ def measure_cost(cfg: CompareConfig, preset: str, out: Path, steps: int = 20, wa
     plot = out / "figures" / "cost_attention.png"
     attention = _bench(["attention", "--max-len", str(max_len), "--plot", str(plot)])
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    cost = {"cpu": cpu_identity(), "measured": now, "steps": steps, "train": rows,
+    cost = {"cpu": cpu_identity(), "measured": now, "steps": steps, "options": list(extra),
+            "train": rows,
             "attention": {"rows": attention["rows"], "batch": attention["batch"],
                           "heads": attention["heads"], "head_dim": attention["head_dim"]}}
     write_atomic(out / "cost.json", json.dumps(cost, indent=1) + "\n")
@@ -74,8 +75,10 @@ def cost_markdown(cost: dict, rows: list[dict]) -> str:
                            if isinstance(r.get("device"), str) and not r["device"].startswith("CPU")})
     machine = (f"{', '.join(accelerators)}, host CPU {cost['cpu']}" if accelerators
                else cost["cpu"])
-    lines = [f"### cost (`nmt bench train`, {cost['steps']} steps each, quiet machine: {machine},"
-             f" {cost['measured']})", "",
+    # the command line's options it was benched with (a trial's); none in files from before
+    options = f" with {' '.join(cost['options'])}" if cost.get("options") else ""
+    lines = [f"### cost (`nmt bench train`, {cost['steps']} steps each{options}, quiet machine: "
+             f"{machine}, {cost['measured']})", "",
              "| family | attention | train tgt tok/s | s/step | GFLOP per tgt token | MFU | peak RSS MB "
              "| precision | test BLEU |", "|---|---|---|---|---|---|---|---|---|"]
     for r in cost["train"]:

@@ -570,6 +570,25 @@ def test_cost_is_benched_per_scorer_and_tabled(study, capsys):
     table = (out / "a" / "compare.md").read_text()
     assert "### cost" in table and "| transformer | scaled_dot |" in table.split("### cost")[1]
     assert f"| {cost['train'][0]['mfu']} |" in table.split("### cost")[1]  # the MFU column
+    assert cost["options"] == [] and "### cost (`nmt bench train`, 2 steps each, quiet" in table
+
+
+def test_cost_names_the_options_it_was_benched_with(tmp_path):
+    """compare --cost with a trial's options (--train-lines 2000, a smaller model) wrote a
+    cost.json that said nothing of them, tabled later beside any run's BLEU."""
+    from nmt.study_report import cost_table
+
+    train = {"family": "rnn", "attention": "dot", "tgt_tok_per_s": 10.0, "sec_per_step": 1.5,
+             "train_gflop_per_tgt_token": 0.1, "mfu": 0.2, "peak_rss_mb": 99.0, "precision": "32-true"}
+    attention = {"rows": [{"scorer": "dot", "length": n, "ms": 0.1 * n, "peak_mb": 0.5}
+                          for n in (16, 32)], "batch": 2, "heads": 4, "head_dim": 32}
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"cpu": "a CPU", "measured": "today", "steps": 2, "train": [train],
+                                "options": ["data.train_lines=2000", "model.hidden_size=64"],
+                                "attention": attention}))
+    table = cost_table(path, [])
+    assert table.startswith("### cost (`nmt bench train`, 2 steps each with data.train_lines=2000 "
+                            "model.hidden_size=64, quiet machine: a CPU, today)")
 
 
 def test_cost_tables_a_scorer_that_ran_out_of_memory(tmp_path):
