@@ -221,6 +221,32 @@ def test_a_whole_number_sent_as_a_float_is_an_integer():
         Rejected("'beam' must be an integer from 1 to 16, got 1e+300")
 
 
+def test_nbest_is_checked_against_the_beam():
+    from nmt.serve.request import Job, Rejected, parse_request
+
+    models = ["first"]
+    assert parse_request({"text": ["x"], "beam": 3, "nbest": 2.0}, models, 5) == \
+        Job(["x"], 3, False, "first", 2)
+    assert parse_request({"text": ["x"], "nbest": None}, models, 5).nbest == 1
+    for nbest in (4, 0, True, "2"):
+        assert parse_request({"text": ["x"], "beam": 3, "nbest": nbest}, models, 5) == \
+            Rejected(f"'nbest' must be an integer from 1 to the beam (3), got {json.dumps(nbest)}")
+
+
+def test_nbest_lists_are_answered_as_translate_gives_them(server, runs):
+    """The API had no n-best lists, which translate --nbest gives: a request may ask for
+    its texts' best K (K <= its beam), with their scores, beside requests that do not."""
+    translators, _, sentences = runs
+    status, answer = request(server + "/translate", {"text": sentences[:3], "beam": 3, "nbest": 3})
+    want = translators["first"].translate(sentences[:3], 3, nbest=3)
+    assert status == 200 and answer["translations"] == [hyps[0].text for hyps in want]
+    assert answer["nbest"] == [[{"text": t.text, "score": round(t.score, 4)} for t in hyps]
+                               for hyps in want]
+    assert all(len(hyps) == 3 for hyps in answer["nbest"])
+    status, answer = request(server + "/translate", {"text": sentences[:3], "beam": 3})
+    assert status == 200 and "nbest" not in answer
+
+
 def test_body_without_json_content_type(server):
     status, answer = request(server + "/translate", b'{"text": ["x"]}', headers={})
     assert status == 400 and "Content-Type: application/json" in answer["error"]

@@ -3,12 +3,13 @@
 A thin adapter around ``Translator`` (or ``export.CTranslate2Translator``). LitServe runs one
 inference worker; requests that arrive within ``BATCH_TIMEOUT`` seconds of each other (up to
 ``max_batch`` of them) reach ``predict`` together, and the texts of all those that ask for
-the same model, beam and attention are decoded in one ``translate`` call: one batched beam
+the same model, beam, attention and nbest are decoded in one ``translate`` call: one batched beam
 search per length bucket.
 
-    POST /translate  {"text": ["...", ...], "beam": 5, "attention": false, "model": NAME}
-                     (all but text optional; null, as a field left out, is the default)
+    POST /translate  {"text": ["...", ...], "beam": 5, "attention": false, "model": NAME,
+                      "nbest": 1} (all but text optional; null, as a field left out, is the default)
         -> {"model": NAME, "translations": ["...", ...],
+            "nbest": [[{"text": "...", "score": -0.61}, ...], ...],  # if nbest > 1, best first
             "attention": [{"source": [...], "target": [...], "weights": [[...]]}, ...],  # if asked
                                                                # (each null for an ensemble)
             "warnings": ["text 2 has 900 pieces; truncated to 511"]}                       # if any

@@ -81,7 +81,7 @@ class TranslationAPI(litserve.LitAPI):
 
     def predict(self, items: list[Job | Rejected] | Job | Rejected
                 ) -> list[dict | Rejected] | dict | Rejected:
-        """Group the jobs by (model, beam, attention); one ``translate`` call per group.
+        """Group the jobs by (model, beam, attention, nbest); one ``translate`` call per group.
         With max_batch_size 1, LitServe hands over each request alone, and takes its answer."""
         if not isinstance(items, list):
             return self.predict([items])[0]
@@ -89,7 +89,8 @@ class TranslationAPI(litserve.LitAPI):
         groups: dict[tuple, list[int]] = {}
         for position, item in enumerate(items):
             if isinstance(item, Job):
-                groups.setdefault((item.model, item.beam, item.attention), []).append(position)
+                key = (item.model, item.beam, item.attention, item.nbest)
+                groups.setdefault(key, []).append(position)
         for positions in groups.values():
             jobs = [items[p] for p in positions]
             for position, answer in zip(positions, self._translate_group(jobs)):
@@ -97,7 +98,7 @@ class TranslationAPI(litserve.LitAPI):
         return outputs
 
     def _translate_group(self, jobs: list[Job]) -> list[dict | Rejected]:
-        """One ``translate`` call for jobs sharing model, beam and attention; its answers are
+        """One ``translate`` call for jobs sharing model, beam, attention and nbest; its answers are
         split back in job order. A failure fails these jobs only, not the whole batch."""
         texts = [text for job in jobs for text in job.texts]
         first = jobs[0]
@@ -105,23 +106,28 @@ class TranslationAPI(litserve.LitAPI):
         need_attn = first.attention and not self.ensemble
         try:
             results = self.translators[first.model].translate(  # warnings: in each answer
-                texts, first.beam, need_attn=need_attn, warn=False)
+                texts, first.beam, first.nbest, need_attn=need_attn, warn=False)
         except Exception as err:  # whatever it is, it must not fail the other requests
             return [Rejected(f"translation failed: {type(err).__name__}: {err}".splitlines()[0], 500)
                     for _ in jobs]
         answers, start = [], 0
         for job in jobs:
-            answers.append(self._answer(job, [hyps[0] for hyps in results[start : start + len(job.texts)]]))
+            answers.append(self._answer(job, results[start : start + len(job.texts)]))
             start += len(job.texts)
         return answers
 
     def unbatch(self, output: list) -> list:
         return output
 
-    def _answer(self, job: Job, translations: list) -> dict:
-        answer: dict[str, Any] = {"model": job.model, "translations": [t.text for t in translations]}
+    def _answer(self, job: Job, results: list[list]) -> dict:
+        """A job's answer from its texts' translations (each a list, best first)."""
+        best = [hyps[0] for hyps in results]
+        answer: dict[str, Any] = {"model": job.model, "translations": [t.text for t in best]}
+        if job.nbest > 1:  # scores as translate --nbest writes them: log_prob / length penalty
+            answer["nbest"] = [[{"text": t.text, "score": round(t.score, 4)} for t in hyps]
+                               for hyps in results]
         if job.attention:
-            answer["attention"] = [attention_view(t) for t in translations]
+            answer["attention"] = [attention_view(t) for t in best]
         if job.warnings:
             answer["warnings"] = job.warnings
         return answer
