@@ -161,6 +161,10 @@ def test_each_cell_is_paired_on_its_own_test_references(study, tmp_path):
                  "variants": {"base": {}, "onval": {"all": [f"data.test_files=[{other[0]},{other[1]}]"]}}}}}
     changed = tmp_path / "compare.yaml"
     changed.write_text(yaml.safe_dump(config))
+    # The base cells are preset a's main cells of seed 1 (same options, same key): their runs
+    # are reused, decoded anew, and only the onval cells train (trained here if they are gone)
+    for run_dir in (folder / "runs" / "a").glob("rnn_*_seed1-*"):
+        shutil.copytree(run_dir, tmp_path / "runs" / run_dir.name)
     assert main(["compare", "--config", str(changed), "--preset", "v", "--out", str(tmp_path / "v"),
                  "--runs", str(tmp_path / "runs")]) == 0
     cells = tmp_path / "v" / "cells"
@@ -308,6 +312,7 @@ def test_a_record_is_not_replaced_by_another_presets_cell_or_a_trial(study, tmp_
     # A changed preset replaces its records, also with options that keep the preset's cells
     changed = yaml.safe_load((folder / "compare.yaml").read_text())
     changed["presets"]["a"]["overrides"]["rnn"] = [*TINY_RNN, "optim.lr=0.0011"]
+    changed["presets"]["a"]["groups"]["main"]["attentions"]["rnn"] = ["additive"]  # one to train
     (tmp_path / "changed.yaml").write_text(yaml.safe_dump(changed))
     capsys.readouterr()
     assert main(["compare", "--config", str(tmp_path / "changed.yaml"), "--preset", "a", "--out",
