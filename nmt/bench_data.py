@@ -28,7 +28,7 @@ from nmt.config_checks import check_training_config
 from nmt.data.corpus import local_files, read_pairs
 from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.prepare import prepare
-from nmt.errors import NMTError
+from nmt.errors import NMTError, stop_signals_deferred
 from nmt.memory import peak_memory_mb, resident_memory_mb
 from nmt.models import build_model
 from nmt.trainer import benchmark_trainer
@@ -124,8 +124,9 @@ def _in_fresh_process(target, *args) -> dict:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     process = context.Process(target=_stage, args=(target, args, results))
-    process.start()
     try:
+        with stop_signals_deferred():  # a stop inside start() would leave the process unknown
+            process.start()
         while True:
             try:
                 out = results.get(timeout=1.0)
@@ -135,8 +136,9 @@ def _in_fresh_process(target, *args) -> dict:
                     raise NMTError(f"the {target.__name__.strip('_')} process failed "
                                    f"(exit {process.exitcode}); its error is above") from None
     except BaseException:  # stopped meanwhile: not left running on alone, into a removed folder
-        process.terminate()
-        process.join()
+        if process.pid is not None:  # started
+            process.terminate()
+            process.join()
         raise
     process.join()
     if "error" in out:

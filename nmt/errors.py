@@ -52,6 +52,26 @@ def stop_signals_by_default() -> Iterator[None]:
             signal.signal(sig, raise_stopped)
 
 
+@contextmanager
+def stop_signals_deferred() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP held while the block runs, then taken by their handlers as
+    they arrived: for a step that a stop must not cut in two. Starting a process is one: a
+    stop between its spawn and the hand-over of its arguments left it running on alone,
+    unknown to the code that stops it (it printed an EOFError traceback)."""
+    signals = [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+               if callable(signal.getsignal(sig))  # Python's handlers; not SIG_DFL, SIG_IGN, C's
+               and threading.current_thread() is threading.main_thread()]
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])  # the first stop, now: its handler raises here
+
+
 def run_script(main: Callable[[], int | None]) -> NoReturn:
     """Run a script's ``main`` (scripts/) and exit with its status, an ``NMTError`` (a config or
     run directory not found) as the command line has it: one line on stderr, status 1, where

@@ -340,6 +340,45 @@ def test_bench_data_leaves_no_prepared_folder_behind(tmp_path, capsys):
     assert sorted(path.name for path in (tmp_path / "b").iterdir()) == ["corpus"]
 
 
+def _sleeping_stage(seconds: float, results) -> None:
+    time.sleep(seconds)
+
+
+def test_a_stop_while_a_stage_starts_stops_the_stage(monkeypatch):
+    """A stop arriving inside Process.start (between the spawn and the hand-over of its
+    arguments) left the stage unknown to the code that stops it: it ran on alone (or, cut off
+    from its arguments, printed an EOFError traceback; clean-clone CI, once)."""
+    import multiprocessing.context
+
+    from nmt.bench_data import _in_fresh_process
+
+    started = []
+    start = multiprocessing.context.SpawnProcess.start
+
+    def start_then_interrupted(process):
+        start(process)
+        started.append(process)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, as start returns
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _in_fresh_process(_sleeping_stage, 60.0)
+    [process] = started
+    process.join(timeout=30)
+    assert process.exitcode == -signal.SIGTERM  # stopped with it, not sleeping on
+
+
+def test_stop_signals_are_taken_after_the_block_they_arrived_in():
+    from nmt.errors import stop_signals_deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with stop_signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("the block's end")
+    assert done == ["the block's end"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_bench_data_stopped_by_sigterm_leaves_no_prepared_folder_or_stage(tmp_path):
     """SIGTERM (kill, a scheduler) killed the command outright: its temporary prepared folder
     stayed under --dir, and the stage's process (preparing, or training) ran on alone into it.
