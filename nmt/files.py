@@ -12,7 +12,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
-from nmt.errors import NMTError
+from nmt.errors import NMTError, stop_signals_deferred
 
 # What reading a truncated .gz, or a file named .gz that is not gzip, raises part of the way
 GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
@@ -117,13 +117,18 @@ def remove_empty(folders: list[Path]) -> None:
 
 def save_atomic(obj: object, path: str | Path) -> None:
     """``torch.save`` through ``atomic_path``: a failed write (a full disk, a file size
-    limit) is a one-line error naming its cause, and leaves no half-written file."""
+    limit) is a one-line error naming its cause, and leaves no half-written file. A stop
+    (SIGTERM, Ctrl-C) during the save is taken once it is done, then removes the file: its
+    handler, raising wherever the process was (at the start of a write torch calls back,
+    say), was swallowed into torch's own check, and a run stopped by SIGTERM said "cannot
+    write .../step2.ckpt: [enforce fail ...] unexpected pos 30 vs 0"."""
     import torch  # here: the CLI's parsing imports this module (nmt.config), and no torch
 
     with atomic_path(path) as tmp, open(tmp, "wb") as file:
         writer = WriteErrorKept(file)
         try:
-            torch.save(obj, writer)
+            with stop_signals_deferred():
+                torch.save(obj, writer)
         except RuntimeError as err:
             if writer.error is not None:  # the write's own error, which atomic_path reports
                 raise writer.error from None
@@ -143,10 +148,7 @@ class WriteErrorKept:
     def write(self, data: bytes) -> int:
         try:
             return self.file.write(data)
-        # OSError: a full disk, a size limit; BaseException too: a stop signal's handler
-        # raises where the process is, here mid-write, and swallowed into torch's check the
-        # run said "cannot write ..." where it was stopped (SIGTERM, Ctrl-C)
-        except BaseException as err:
+        except Exception as err:  # OSError: a full disk, a size limit
             self.error = self.error or err
             raise
 
