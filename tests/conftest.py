@@ -17,6 +17,10 @@ import pytest
 # that machine's CPU (its subprocesses too), before torch first looks for CUDA. What a GPU does
 # is checked by the device scripts in docs/results/ (h100/, h200/).
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# The Hub is out of reach on CI's machines: a lookup waited for the network's timeouts (23 s in
+# each of four tests) before the error the tests assert; offline, it fails at once, with the
+# same one-line error. Read by huggingface_hub and datasets when first imported (below).
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 import torch  # noqa: E402
 
