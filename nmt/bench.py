@@ -327,7 +327,8 @@ def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int
     with tempfile.TemporaryDirectory() as tmp:
         ct2 = None
         if "ctranslate2" in engines:
-            from nmt.export import CTranslate2Translator, export_ctranslate2
+            from nmt.ctranslate2_translator import CTranslate2Translator
+            from nmt.export import export_ctranslate2
 
             ct2 = CTranslate2Translator(export_ctranslate2(run_dir, Path(tmp) / "ct2"))
         settings = [(engine, decoder, beam) for beam in beams for engine in engines

@@ -69,7 +69,7 @@ def load_translator(path: str, engine: str = "torch", device: str | None = None,
 
         return Translator.from_run_dir(path, device, weights, precision, sentences, beam, ensemble)
     try:  # ctranslate2
-        from nmt.export import CTranslate2Translator
+        from nmt.ctranslate2_translator import CTranslate2Translator
     except ImportError:
         raise NMTError('the ctranslate2 engine needs CTranslate2: pip install -e ".[export]"') from None
     return CTranslate2Translator(path, device)

@@ -99,7 +99,8 @@ def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None
         raise NMTError(f"the length penalty alpha must be a number, got {alpha}")
     # Below 0 the penalty would favour short outputs beyond their log-probability, beam
     # search could no longer stop a sentence early (search.Finished), and the CTranslate2
-    # engine's best could differ from ours (nmt.export): GNMT's alpha is 0 (none) or more.
+    # engine's best could differ from ours (nmt.ctranslate2_translator): GNMT's alpha is 0
+    # (none) or more.
     if alpha < 0:
         raise NMTError(f"the length penalty alpha must be 0 (none) or more, got {alpha}")
     if dec.prune_margin is not None and not dec.prune_margin >= 0:  # NaN too

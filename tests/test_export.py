@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt import export, search
+from nmt import ctranslate2_translator, export, search
 from nmt.attention_stats import attention_matrix
 from nmt.cli import main
 from nmt.config import load_config, save_config
+from nmt.ctranslate2_translator import CTranslate2Translator, ranked
 from nmt.data.batching import collate
 from nmt.data.tokenizer import BOS, EOS_PIECE, PAD
-from nmt.export import CTranslate2Translator, ranked
 from nmt.translator import Translator
 
 from .test_cli import corpus, run  # noqa: F401  (module-scoped fixtures: a tiny trained run)
@@ -114,7 +114,7 @@ def test_a_beam_search_keeps_the_first_k_hypotheses_to_end_as_ours(run, exported
     model gives them weight, so the two engines' probabilities would differ), CTranslate2's K
     hypotheses are ours, in our order, for every sentence whose K ended within its limit (on
     this run: of more than K ended at once it keeps the K of the highest log-probability x
-    length, at times not ours, the first K; see export.SEARCH_LENGTH_PENALTY). CTranslate2
+    length, at times not ours, the first K; see ctranslate2_translator.SEARCH_LENGTH_PENALTY). CTranslate2
     without a length penalty searched on until its best candidate had ended, and kept the K of
     the highest log-probability: 14 to 27 of the 39 to 49 such sentences differed at beams 3,
     5 and 8."""
@@ -652,7 +652,7 @@ def test_an_export_without_room_on_the_device_is_not_called_damaged(exported, tm
     def out_of_memory(*args, **kwargs):  # as CTranslate2 reports a full GPU
         raise RuntimeError("CUDA failed with error out of memory")
 
-    monkeypatch.setattr(export.ctranslate2, "Translator", out_of_memory)
+    monkeypatch.setattr(ctranslate2_translator.ctranslate2, "Translator", out_of_memory)
     source = tmp_path / "in.txt"
     source.write_text("haus\n")
     assert main(["translate", "--engine", "ctranslate2", "--checkpoint", str(exported),

@@ -52,7 +52,7 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
                                f"would serve {found}")
     else:  # an export that cannot load: as the run's weights
         try:
-            from nmt.export import check_export
+            from nmt.ctranslate2_translator import check_export
         except ImportError:
             raise NMTError('the ctranslate2 engine needs CTranslate2: pip install -e ".[export]"'
                            ) from None
