@@ -1,7 +1,10 @@
-"""Which inference engine runs a model: our PyTorch ``Translator`` or CTranslate2.
+"""Which inference engine runs a model: our PyTorch ``Translator`` (``nmt.translator``) or
+CTranslate2 (``nmt.ctranslate2_translator.CTranslate2Translator``).
 
-Both offer ``translate(lines, beam_size, nbest, alpha, need_attn, first_line)``, ``encode_lines``,
-``tokenizer`` and ``config``, so ``translate``, ``serve`` and ``bench decode`` take either.
+Both offer ``translate(lines, beam_size, nbest, alpha, need_attn, first_line, warn)``,
+``encode_lines``, ``tokenizer``, ``config``, ``max_positions`` (serve cuts lines to it) and
+``device`` (evaluate records it), so ``translate``, ``evaluate``, ``serve`` and ``bench decode``
+take either.
 """
 
 from __future__ import annotations

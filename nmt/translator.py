@@ -1,4 +1,4 @@
-"""Load a run directory and translate text with it (used by ``translate`` and ``evaluate``).
+"""The torch engine (``nmt.engines``): load a run directory and translate text with it.
 
 Lines are decoded in length-sorted batches under a token budget and returned in input
 order. Empty lines give empty outputs; lines longer than the model allows are truncated
