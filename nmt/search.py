@@ -69,7 +69,7 @@ def top_k(x: Tensor, k: int, block: int = 100) -> tuple[Tensor, Tensor]:
     """
     n, width = x.shape
     count = width // block
-    if width % block or count <= k:  # no whole blocks, or no blocks to skip
+    if width % block or count <= k:  # W not a whole number of blocks, or none to skip
         return x.topk(k, dim=-1)
     blocks = x.reshape(n * count, block)  # a view of contiguous rows
     chosen = blocks.view(n, count, block).amax(-1).topk(k, dim=-1).indices  # (n, k) block numbers
@@ -280,7 +280,7 @@ class Finished:
 
     def add(self, alive: Tensor, token: Tensor, top_scores: Tensor, source_rows: Tensor,
             prefix: Tensor, attn_rows: list[Tensor] | None) -> None:
-        """Move candidates ending in EOS among each sentence's top K to its list: tokens,
+        """Move candidates ending in EOS among each sentence's top K to its list: token,
         top_scores, source_rows (n, C) from ``top_candidates``; prefix (rows, t)."""
         ended = (token[:, : self.k] == EOS) & top_scores[:, : self.k].isfinite()
         sentence, position = ended.nonzero().unbind(1)
