@@ -126,30 +126,41 @@ RUN_WEIGHTS = ("best.ckpt", "last.ckpt", "averaged.ckpt")
 
 
 def find_checkpoint(run_dir: Path, weights: str | Path | None = None, warn: bool = True) -> Path:
-    """``weights`` if given: a file in the run directory (e.g. averaged.ckpt from ``nmt
-    average``, steps/step30.ckpt), else a path with a folder in it as given (absolute, or from
-    the current directory; a bare name is never looked for outside the run, one that begins
-    with ./ or ../ never inside it; one of another run that decodes otherwise is an error, see
-    ``check_weights_of``); otherwise the run's final weights (train_stats.json, see
-    ``nmt.average.final_weights``), else best.ckpt, else last.ckpt, with a warning unless
-    ``warn`` is False (a check before the load that warns)."""
+    """The weights file to decode ``run_dir`` with: ``weights`` where given
+    (``_given_weights``), else the one the run chose (``_run_weights``, which warns unless
+    ``warn`` is False: a check before the load that warns)."""
     if weights is not None:
-        inside, given = run_dir / weights, Path(weights)
-        from_here = str(weights).startswith(FROM_HERE)  # Path drops a "./": read it as given
-        if given.is_absolute() or from_here:
-            tried = [given]
-        else:
-            tried = [inside] if given.parent == Path(".") else [inside, given]
-        for path in tried:
-            if path.is_file():
-                check_weights_of(run_dir, path)
-                return path
-        if folder := next((path for path in tried if path.is_dir()), None):  # not "not found"
-            raise NMTError(f"--weights {weights}: {folder} is a folder; name a checkpoint file")
-        hint = _weights_elsewhere(run_dir, str(weights), given)
-        if from_here:
-            raise NMTError(f"weights file not found: {weights} ({given.resolve()}){hint}")
-        raise NMTError(f"weights file not found: {' or '.join(map(str, tried))}{hint}")
+        return _given_weights(run_dir, weights)
+    return _run_weights(run_dir, warn)
+
+
+def _given_weights(run_dir: Path, weights: str | Path) -> Path:
+    """``weights``: a file in the run directory (e.g. averaged.ckpt from ``nmt average``,
+    steps/step30.ckpt), else a path with a folder in it as given (absolute, or from the
+    current directory; a bare name is never looked for outside the run, one that begins with
+    ./ or ../ never inside it; one of another run that decodes otherwise is an error, see
+    ``check_weights_of``)."""
+    inside, given = run_dir / weights, Path(weights)
+    from_here = str(weights).startswith(FROM_HERE)  # Path drops a "./": read it as given
+    if given.is_absolute() or from_here:
+        tried = [given]
+    else:
+        tried = [inside] if given.parent == Path(".") else [inside, given]
+    for path in tried:
+        if path.is_file():
+            check_weights_of(run_dir, path)
+            return path
+    if folder := next((path for path in tried if path.is_dir()), None):  # not "not found"
+        raise NMTError(f"--weights {weights}: {folder} is a folder; name a checkpoint file")
+    hint = _weights_elsewhere(run_dir, str(weights), given)
+    if from_here:
+        raise NMTError(f"weights file not found: {weights} ({given.resolve()}){hint}")
+    raise NMTError(f"weights file not found: {' or '.join(map(str, tried))}{hint}")
+
+
+def _run_weights(run_dir: Path, warn: bool) -> Path:
+    """The run's final weights (train_stats.json, see ``nmt.average.final_weights``), else
+    best.ckpt, else last.ckpt, with a warning where the final weights are gone, if ``warn``."""
     chosen = final_weights_of(run_dir)
     for name in (chosen, "best.ckpt", "last.ckpt"):
         if name and (run_dir / name).is_file():
