@@ -32,9 +32,9 @@ def decoding_device(device: str | None, cuda_devices: int | None = None) -> str:
         raise NMTError(f"unknown device '{device}'; choose cpu, cuda or cuda:N")
     if kind.type == "cpu":
         return "cpu"  # one device, whatever number is given
-    if kind.type == "cuda" and not cuda_devices:
+    if not cuda_devices:  # cuda or cuda:N from here on
         raise NMTError(f"device {device} asked for, but no CUDA device is available")
-    if kind.type == "cuda" and (kind.index or 0) >= cuda_devices:
+    if (kind.index or 0) >= cuda_devices:
         raise NMTError(f"device {device} asked for, but there are {cuda_devices} CUDA "
                        "device(s), numbered from 0")
     return device
