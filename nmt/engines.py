@@ -62,10 +62,11 @@ def load_translator(path: str, engine: str = "torch", device: str | None = None,
                     weights: str | None = None, precision: str | None = None,
                     sentences: int | None = None, beam: int | None = None,
                     ensemble: list[str] = ()):
-    """A run directory (and optionally another checkpoint file of it, a decoding precision,
-    how many sentences are decoded together and at what beam, for ``auto``, and more runs to
-    decode with as an ensemble) for torch; a directory written by ``nmt export`` for
-    ctranslate2."""
+    """The ``engine``'s translator of ``path``: for torch a run directory (and optionally
+    another checkpoint file of it, a decoding precision, how many sentences are decoded
+    together and at what beam, for ``auto``, and more runs to decode with as an ensemble);
+    for ctranslate2 a directory written by ``nmt export``, decoded on ``device`` alone (the
+    other options are torch's: ``check_engine_options`` refuses them)."""
     check_engine_options(engine, weights, precision, ensemble)
     if engine == "torch":
         from nmt.translator import Translator
