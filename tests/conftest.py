@@ -67,6 +67,15 @@ def toy_registries(monkeypatch):
 
 
 @pytest.fixture
+def ctrl_c_raises():
+    """SIGINT as an interactive Python takes it (KeyboardInterrupt): a shell's background job
+    (CI's ``nohup ... &``) starts with SIGINT ignored, and Python then leaves it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
 def random_batch():
     return reversal_batch(random.Random(0), 6)
 

@@ -396,7 +396,8 @@ def test_an_average_stopped_part_of_the_way_leaves_no_file_behind(tmp_path, stop
     assert sorted(path.name for path in tmp_path.iterdir()) == ["steps"]
 
 
-def test_a_stop_signal_during_a_checkpoint_write_stops_the_run_as_itself(tmp_path, monkeypatch):
+def test_a_stop_signal_during_a_checkpoint_write_stops_the_run_as_itself(tmp_path, monkeypatch,
+                                                                        ctrl_c_raises):
     """A stop signal's handler raises where the process is: mid-write, torch swallowed it
     into its own check, and a DDP run stopped by SIGTERM said "cannot write .../step2.ckpt:
     [enforce fail ...] unexpected pos 30 vs 0" where it should say it was stopped (clean-clone

@@ -344,7 +344,7 @@ def _sleeping_stage(seconds: float, results) -> None:
     time.sleep(seconds)
 
 
-def test_a_stop_while_a_stage_starts_stops_the_stage(monkeypatch):
+def test_a_stop_while_a_stage_starts_stops_the_stage(monkeypatch, ctrl_c_raises):
     """A stop arriving inside Process.start (between the spawn and the hand-over of its
     arguments) left the stage unknown to the code that stops it: it ran on alone (or, cut off
     from its arguments, printed an EOFError traceback; clean-clone CI, once)."""
@@ -368,7 +368,7 @@ def test_a_stop_while_a_stage_starts_stops_the_stage(monkeypatch):
     assert process.exitcode == -signal.SIGTERM  # stopped with it, not sleeping on
 
 
-def test_stop_signals_are_taken_after_the_block_they_arrived_in():
+def test_stop_signals_are_taken_after_the_block_they_arrived_in(ctrl_c_raises):
     from nmt.errors import stop_signals_deferred
 
     done = []
