@@ -32,6 +32,8 @@ from nmt.search import Hypothesis, beam_search, greedy_search
 
 @dataclass
 class Translation:
+    """One hypothesis of a line: its text, its score, and what pictures and n-best lists need."""
+
     text: str
     score: float  # log_prob / length_penalty: what ranks the n-best list
     pieces: list[str]  # target pieces, for attention plots
@@ -319,6 +321,11 @@ def check_ensemble(run_dir: str | Path, ensemble: list[str | Path],
 
 
 class Translator:
+    """A trained model with its tokenizer and config, decoding text: ``from_run_dir`` loads a
+    run (its chosen weights, or ``--weights``, or an ensemble), ``translate`` decodes lines in
+    sorted batches with the run's search (greedy or beam) and gives each line's n-best
+    ``Translation``s. The torch engine; ``nmt.ctranslate2_translator`` is the other."""
+
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, config: Config,
                  precision: str | None = None, sentences: int | None = None,
                  beam: int | None = None, checkpoint: Path | None = None):
