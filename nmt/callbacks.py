@@ -1,6 +1,7 @@
 """Lightning callbacks of a training run: an EMA of the weights, the end of a budget,
 checkpoints and early stopping that resume as the run was (moved, or with a new patience),
-dropout chosen by the epochs the budget buys, and the signals that stop a run."""
+dropout chosen by the epochs the budget buys, the signals that stop a run, and a progress
+bar that knows a resumed epoch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, WeightAveraging
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, TQDMProgressBar, WeightAveraging
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -232,3 +233,26 @@ class DropoutForBudget(L.Callback):
         # checkpoint is applied here (before its first batch) as well.
         if self.switched:
             module.model.set_dropout(self.long_dropout)
+
+
+class ResumingProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, also for an epoch resumed in its middle. Lightning starts no
+    epoch there (no ``on_train_epoch_start``), so its bar was never set up for one: a run
+    resumed at batch 780 of 12,095 showed ``Training: 781/?`` with no total or time left until
+    the epoch ended (an hour and more on a large corpus), and a rate that counted the skipped
+    batches as trained in its first second (1,089 it/s, then falling slowly towards the real
+    2.4). Here the resumed epoch's bar is set up as a started one's, its count starting at the
+    batches already trained (tqdm's ``initial``: the rate counts only the batches after it)."""
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        super().on_train_start(trainer, module)
+        if trainer.fit_loop.restarted_mid_epoch:
+            self.on_train_epoch_start(trainer, module)
+            bar = self.train_progress_bar
+            bar.initial = bar.n = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+            bar.refresh()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args) -> None:
+        # The next epoch's bar counts from 0: its reset below 'initial' showed a negative rate.
+        self.train_progress_bar.initial = 0
+        super().on_train_epoch_start(trainer, *args)

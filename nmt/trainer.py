@@ -28,6 +28,7 @@ from nmt.average import KeepLastCheckpoints
 from nmt.callbacks import (
     DropoutForBudget,
     PatientEarlyStopping,
+    ResumingProgressBar,
     RunCheckpoint,
     StopAtBudget,
     StopOnSignals,
@@ -192,8 +193,9 @@ def quiet_lightning_noise() -> None:
 
 
 def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
-    """best.ckpt, last.ckpt, the end of the budget, and the options' callbacks (early
-    stopping, weight EMA, the last N checkpoints kept, dropout by the budget's epochs)."""
+    """best.ckpt, last.ckpt, the end of the budget, and the options' callbacks (the progress
+    bar, early stopping, weight EMA, the last N checkpoints kept, dropout by the budget's
+    epochs)."""
     t = config.trainer
     # Checkpoints and early stopping act after each validation (once per epoch, or every
     # trainer.val_check_interval batches, and at the budget's end): patience counts validations.
@@ -209,6 +211,8 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
         StopAtBudget(),
         StopOnSignals(),
     ]
+    if t.enable_progress_bar:
+        callbacks.append(ResumingProgressBar())
     if t.max_time is None:
         # The clock of a segment without --max-time: Lightning's own Timer (one comes with a
         # budget) keeps the run's training time in every checkpoint, so a later --max-time

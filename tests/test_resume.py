@@ -115,6 +115,19 @@ def test_step_budget_inside_an_epoch_then_continue(corpus, straight, straight_di
     assert all(s["device"].startswith("CPU: ") and s["precision"] for s in segments)
 
 
+def test_the_progress_bar_of_an_epoch_resumed_inside_counts_from_where_it_stopped(
+        corpus, tmp_path, capsys):
+    # Lightning starts no epoch at a resume inside one, and its bar said "Training: 3/?" (no
+    # total, no time left; a rate counting the skipped batches) for the rest of the epoch.
+    bar = ["trainer.enable_progress_bar=true"]
+    assert main(args(corpus, tmp_path, *bar, "trainer.max_steps=2")) == 0
+    capsys.readouterr()
+    assert main(args(corpus, tmp_path, *bar)) == 0
+    states = capsys.readouterr().out.replace("\r", "\n").splitlines()
+    resumed = [line.split(" [")[0] for line in states if line.startswith("Epoch 0:")]
+    assert resumed[1:3] == ["Epoch 0:  50%|█████     | 2/4", "Epoch 0:  75%|███████▌  | 3/4"]
+
+
 def test_a_run_resumed_after_its_dropout_switch_keeps_the_long_run_dropout(corpus, tmp_path):
     """Both budgets (2 epochs; 5 steps, 1.25 epochs) are long runs, so epoch 2 trains at the
     long-run dropout 0.2. The run stopped inside epoch 2 resumes there, where Lightning starts
