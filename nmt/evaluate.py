@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,9 @@ KEPT_DIR = "steps"  # nmt.average.STEPS_DIR, not imported: it would import Light
 # What greedy search (beam 1) leaves unused: its one hypothesis needs no length penalty to
 # rank it, and no margin to prune beside it (nmt.search.greedy_search takes neither)
 BEAM_ONLY = ("alpha", "prune_margin")
+# Sentences decoded at a time, each part's end said on stderr where there are more: the
+# default of translate's --buffer-lines, so that evaluate and translate batch a file alike
+PART_SENTENCES = 10_000
 
 
 def split_pairs(data: DataConfig, split: str) -> tuple[list[str], list[str]]:
@@ -41,8 +45,18 @@ def split_pairs(data: DataConfig, split: str) -> tuple[list[str], list[str]]:
 def best_translations(translator, sources: list[str], beam: int | None = None,
                       alpha: float | None = None) -> list[str]:
     """The best translation of each source line (either engine's translator); ``beam`` and
-    ``alpha`` default to the run's decoding config."""
-    return [hyps[0].text for hyps in translator.translate(sources, beam, 1, alpha)]
+    ``alpha`` default to the run's decoding config. Decoded ``PART_SENTENCES`` at a time, and
+    where there are more, each part's end said on stderr: a 100,000-line test set was decoded
+    in one call, 3.5 minutes greedy (longer at beam 5) without a word."""
+    texts: list[str] = []
+    for start in range(0, len(sources), PART_SENTENCES):
+        part = sources[start : start + PART_SENTENCES]
+        texts += [hyps[0].text for hyps in translator.translate(part, beam, 1, alpha,
+                                                                first_line=start + 1)]
+        if len(sources) > PART_SENTENCES:
+            print(f"decoded {len(texts):,} of {len(sources):,} sentences", file=sys.stderr,
+                  flush=True)
+    return texts
 
 
 def file_pairs(source: str, reference: str) -> tuple[list[str], list[str]]:

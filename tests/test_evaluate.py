@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from nmt import evaluate
 from nmt.config import DataConfig
 from nmt.errors import NMTError
 from nmt.evaluate import eval_file_stem, evaluation_pairs, margin_name, split_pairs
@@ -96,3 +98,23 @@ def test_a_negative_length_penalty_is_refused():
         decoding_options(DecodingConfig(), 5, 1, -0.5)
     with pytest.raises(NMTError, match="got -1.0"):
         decoding_options(DecodingConfig(alpha=-1.0), 5, 1, None)
+
+
+def test_a_large_test_set_is_decoded_in_parts_each_said_on_stderr(monkeypatch, capsys):
+    # 100,000 lines were decoded in one call: minutes without a word on stderr.
+    calls = []
+
+    class Upper:
+        def translate(self, lines, beam, nbest, alpha, first_line=1):
+            calls.append((len(lines), first_line))
+            return [[SimpleNamespace(text=line.upper())] for line in lines]
+
+    # raising=False: without parts, the calls below say what is wrong
+    monkeypatch.setattr(evaluate, "PART_SENTENCES", 2, raising=False)
+    assert evaluate.best_translations(Upper(), list("abcde")) == list("ABCDE")
+    assert calls == [(2, 1), (2, 3), (1, 5)]  # first_line numbers the warnings about long lines
+    assert capsys.readouterr().err.splitlines() == [
+        "decoded 2 of 5 sentences", "decoded 4 of 5 sentences", "decoded 5 of 5 sentences"]
+    calls.clear()
+    assert evaluate.best_translations(Upper(), ["a", "b"]) == ["A", "B"]  # one part: no word
+    assert calls == [(2, 1)] and capsys.readouterr().err == ""
