@@ -505,6 +505,11 @@ def test_bad_input_gives_one_line_error(argv, message, capsys, monkeypatch, tmp_
      "unknown option --max-epoch: did you mean --max-epochs?"),
     (["translate", "--checkpoint", "README.md", "--bea", "5"], "unrecognized arguments: --bea 5"),
     (["train", "--config", "configs/transformer.yaml", "-x"], "cannot read option '-x'"),
+    # the shell's way of giving a list, where a config list is one value
+    (["train", "--config", "configs/transformer.yaml", "--data.train_files", "a.de", "a.en"],
+     "--data.train_files takes one value; write a list as one, --data.train_files='[a.de,a.en]'"),
+    (["train", "--config", "configs/transformer.yaml", "--trainer.max_epochs", "3", "4"],
+     "cannot read option '4'; use --section.key VALUE"),
 ])
 def test_a_command_line_the_parser_cannot_take_exits_2(argv, message, capsys, monkeypatch):
     """Status 2, as argparse's own refusals (a missing or malformed argument): a script tells a

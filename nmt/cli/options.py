@@ -25,6 +25,9 @@ def path_option(text: str) -> str:
 # the model's free-form dict): what an undotted override may set (``dotted_overrides``).
 CONFIG_SECTIONS = {f.name: [k.name for k in fields(f.default_factory)]
                    if is_dataclass(f.default_factory) else [] for f in fields(Config)}
+# The config keys that take a list ("[a,b]"), where one more value on the command line was meant.
+LIST_KEYS = {f"{f.name}.{k.name}" for f in fields(Config) if is_dataclass(f.default_factory)
+             for k in fields(f.default_factory) if str(k.type).startswith(("list", "tuple"))}
 # Where a help text says this, --help prints the scorers' names from nmt.attention.SCORERS
 # (``HelpFormatter``): they have one home, and parsing itself needs no torch.
 SCORER_NAMES_PLACEHOLDER = "{scorer names}"
@@ -88,7 +91,7 @@ def dotted_overrides(extra: list[str], known_options: list[str] = ()) -> list[st
         elif "=" in arg and not arg.startswith("-"):
             out.append((arg.split("=", 1)[0], arg))
         else:
-            raise UsageError(f"cannot read option '{arg}'; use --section.key VALUE or section.key=VALUE")
+            raise _unreadable(arg, out[-1] if out else None)
         i += 1
     pairs = [(name, *override.split("=", 1)) for name, override in out]  # name, key, value
     for name, given, _ in pairs:
@@ -96,6 +99,18 @@ def dotted_overrides(extra: list[str], known_options: list[str] = ()) -> list[st
         if "." not in key and key not in CONFIG_SECTIONS:
             raise unknown_option(name, key, known_options)
     return [key.replace("-", "_") + "=" + value for _, key, value in pairs]
+
+
+def _unreadable(arg: str, last: tuple[str, str] | None) -> UsageError:
+    """A one-line error for ``arg``, which is no option nor the value of one. Right after an
+    option and its value (``last``: the option as named, "key=value") it is most likely a second
+    value for a list key (``--data.train_files x.de x.en``): the message writes the list."""
+    key, value = last[1].split("=", 1) if last else ("", "")
+    if key.replace("-", "_") in LIST_KEYS and not arg.startswith("-"):
+        name = last[0]
+        return UsageError(f"cannot read option '{arg}': {name} takes one value; "
+                          f"write a list as one, {name}='[{value},{arg}]'")
+    return UsageError(f"cannot read option '{arg}'; use --section.key VALUE or section.key=VALUE")
 
 
 def unknown_option(name: str, key: str, known_options: list[str]) -> UsageError:
