@@ -151,6 +151,16 @@ def test_translations_in_order_from_the_chosen_model(server, runs):
     assert answer["translations"] == expected(translators["first"], texts[:2], 2)
 
 
+def test_a_text_with_a_line_break_is_one_sentence(server, runs):
+    """As README says: a text is one sentence, its line breaks read as spaces (not translated
+    line by line, nor refused)."""
+    translators, _, sentences = runs
+    joined = f"{sentences[0]}\n{sentences[1]}"
+    status, answer = request(server + "/translate", {"text": [joined], "beam": 1})
+    assert status == 200
+    assert answer["translations"] == expected(translators["first"], [f"{sentences[0]} {sentences[1]}"], 1)
+
+
 def test_attention_matrix_with_pieces(server, runs):
     translators, _, sentences = runs
     status, answer = request(server + "/translate", {"text": [sentences[0], ""], "attention": True})
