@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
@@ -304,7 +305,7 @@ def count_rows(model) -> list[int]:
 def bench_decode(run_dir: str, beams: list[int], split: str = "test", limit: int | None = None,
                  recompute: bool = True, engines: tuple[str, ...] = ("torch",),
                  precisions: tuple[str, ...] = ("auto",), repeat: int = 3,
-                 ensemble: list[str] = ()) -> dict:
+                 ensemble: Sequence[str] = ()) -> dict:
     """Sentences/s, generated tokens/s and BLEU of greedy and beam search over a corpus split,
     for each engine (torch: at each decoding precision; ctranslate2: the run exported in
     float32) at each beam size; the fastest of ``repeat`` passes taken in turn. With

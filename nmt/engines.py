@@ -9,6 +9,8 @@ take either.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from nmt.errors import NMTError
 
 ENGINES = ("torch", "ctranslate2")
@@ -41,7 +43,7 @@ def decoding_device(device: str | None, cuda_devices: int | None = None) -> str:
 
 
 def check_engine_options(engine: str, weights: str | None, precision: str | None,
-                         ensemble: list[str] = ()) -> None:
+                         ensemble: Sequence[str] = ()) -> None:
     """A known engine. ``weights`` and ``precision`` choose among a torch run's checkpoints and
     decoding precisions, ``ensemble`` adds runs to decode with; an exported model has fixed
     weights and its own quantization, and decodes alone."""
@@ -61,7 +63,7 @@ def check_engine_options(engine: str, weights: str | None, precision: str | None
 def load_translator(path: str, engine: str = "torch", device: str | None = None,
                     weights: str | None = None, precision: str | None = None,
                     sentences: int | None = None, beam: int | None = None,
-                    ensemble: list[str] = ()):
+                    ensemble: Sequence[str] = ()):
     """The ``engine``'s translator of ``path``: for torch a run directory (and optionally
     another checkpoint file of it, a decoding precision, how many sentences are decoded
     together and at what beam, for ``auto``, and more runs to decode with as an ensemble);

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -156,7 +156,7 @@ def margin_name(margin: float | None) -> str:
 
 def eval_file_stem(split: str, beam: int, weights: str | None = None, alpha: float | None = None,
                    precision: str | None = None, prune_margin: str | None = None,
-                   ensemble: list[str] = (), device: str | None = None) -> str:
+                   ensemble: Sequence[str] = (), device: str | None = None) -> str:
     """RUN/eval/<stem>.{hyp,json}: the split and beam, then each decoding option that was given
     (None: not given): the weights file as ``weights_name`` gives it (its stem; a file outside
     the run, or in a folder of it other than steps/, also a hash of its path, so that it never

@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -345,7 +346,7 @@ class Translator:
     def from_run_dir(cls, run_dir: str | Path, device: str | None = None,
                      weights: str | Path | None = None, precision: str | None = None,
                      sentences: int | None = None, beam: int | None = None,
-                     ensemble: list[str | Path] = ()) -> Translator:
+                     ensemble: Sequence[str | Path] = ()) -> Translator:
         """Model, tokenizer and config from ``run_dir``; weights from ``weights`` if given, else
         the run's final weights (see ``find_checkpoint``). ``precision``, ``sentences`` and
         ``beam`` as for ``Translator``. With ``ensemble`` (more run directories, the same

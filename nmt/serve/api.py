@@ -3,6 +3,7 @@ model, beam and attention, translated, answered."""
 
 import logging
 import signal
+from collections.abc import Sequence
 from typing import Any
 
 import litserve
@@ -34,7 +35,7 @@ class TranslationAPI(litserve.LitAPI):
 
     def __init__(self, runs: dict[str, str], engine: str, default_beam: int, max_batch: int,
                  weights: str | None = None, precision: str | None = None,
-                 ensemble: list[str] = ()):
+                 ensemble: Sequence[str] = ()):
         super().__init__(max_batch_size=max_batch, batch_timeout=BATCH_TIMEOUT,
                          api_path="/translate", loop=worker_loop(max_batch))
         self.runs, self.engine, self.default_beam = runs, engine, default_beam

@@ -2,6 +2,7 @@
 of each (read from their configs, without loading weights)."""
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -13,7 +14,7 @@ from nmt.files import is_export
 from nmt.models import build_model, scorer_of
 
 
-def model_info(name: str, path: str, engine: str, ensemble: list[str] = ()) -> dict:
+def model_info(name: str, path: str, engine: str, ensemble: Sequence[str] = ()) -> dict:
     """What /info says about a served model, read from its configs without loading weights.
     An ensemble's family is "ensemble" and its attention null (its runs may differ in both:
     the first run's alone would misname it); ``members`` gives each run's, the first one

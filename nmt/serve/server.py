@@ -5,6 +5,7 @@ import math
 import os
 import signal
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 import litserve
@@ -29,7 +30,7 @@ MAX_PAYLOAD = 1_000_000  # bytes
 
 def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
                  max_batch: int = 32, timeout: float = 120.0, weights: str | None = None,
-                 precision: str | None = None, ensemble: list[str] = ()) -> litserve.LitServer:
+                 precision: str | None = None, ensemble: Sequence[str] = ()) -> litserve.LitServer:
     """A LitServer for the given run (or export) directories; ``run`` it to serve. ``weights``
     (a checkpoint file of each run, e.g. averaged.ckpt), ``precision`` and ``ensemble`` (more
     runs that decode with the one in ``paths``, as one model named after it) as for translate;
@@ -100,7 +101,7 @@ def check_port_free(host: str, port: int) -> None:
 
 def serve(paths: list[str], host: str = "127.0.0.1", port: int = 8000, engine: str = "torch",
           beam: int = 5, max_batch: int = 32, weights: str | None = None,
-          precision: str | None = None, ensemble: list[str] = (), timeout: float = 120.0) -> None:
+          precision: str | None = None, ensemble: Sequence[str] = (), timeout: float = 120.0) -> None:
     """Serve until Ctrl-C or SIGTERM, which stop LitServe's worker processes too and end the
     command as a finished one, whether the models were still loading or served: LitServe
     ends so once it serves, and a supervisor's stop (systemd, Kubernetes) is a clean end."""
