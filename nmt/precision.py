@@ -283,8 +283,8 @@ def decoding_precision(config, model: torch.nn.Module, device_type: str,
     answer cached apart.
     Matmul timings do not predict decoding, nor one beam another: on a 2-core Intel Xeon with
     AMX, bf16 matmuls of 160 rows ran 4x fp32, yet bf16 decoding of 32 sentences at beam 5 ran
-    0.88x fp32 and at greedy 0.57x, while with 8,000-token batches beam 5 ran 1.5x (README,
-    Serving and export)."""
+    0.88x fp32 and at greedy 0.57x, while with 8,000-token batches beam 5 ran 1.5x (docs/usage.md,
+    Load test)."""
     precision = precision or config.decoding.precision
     if precision not in DECODING_PRECISIONS:
         raise NMTError(f"unknown decoding precision '{precision}'; choose from: "

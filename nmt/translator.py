@@ -50,7 +50,7 @@ def moses_nbest(results: list[list[Translation]], first_id: int = 0) -> list[str
     Features: ``logprob=`` the model's log-probability of the text's pieces + EOS, ``lp=`` the
     length penalty it was divided by; score = logprob / lp. The text is written as is (as
     Moses and Marian do): the fields around it never hold " ||| ", so a text that does is
-    read back by splitting on the first separator and the last two (README, N-best lists)."""
+    read back by splitting on the first separator and the last two (docs/usage.md, N-best lists)."""
     rows = []
     for number, hyps in enumerate(results, start=first_id):
         for t in hyps:

@@ -1,4 +1,4 @@
-"""Screenshot of ``nmt serve``'s page with every served model ticked, for the README.
+"""Screenshot of ``nmt serve``'s page with every served model ticked, for docs/usage.md (The page).
 
     nmt serve --checkpoint RUN_A RUN_B --port 8000 &
     python scripts/serve_screenshot.py --url http://127.0.0.1:8000 --out docs/serve_screenshot.png \

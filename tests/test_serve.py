@@ -152,7 +152,7 @@ def test_translations_in_order_from_the_chosen_model(server, runs):
 
 
 def test_a_text_with_a_line_break_is_one_sentence(server, runs):
-    """As README says: a text is one sentence, its line breaks read as spaces (not translated
+    """As docs/usage.md says: a text is one sentence, its line breaks read as spaces (not translated
     line by line, nor refused)."""
     translators, _, sentences = runs
     joined = f"{sentences[0]}\n{sentences[1]}"

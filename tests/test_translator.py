@@ -26,7 +26,7 @@ def test_moses_nbest_has_four_fields_and_score_is_logprob_over_lp():
 
 
 def test_an_nbest_text_holding_the_separator_is_written_as_is_and_read_back():
-    """As Moses' decoder and Marian: no escaping; the README's reading (id before the first
+    """As Moses' decoder and Marian: no escaping; docs/usage.md's reading (id before the first
     separator, features and score after the last two) gives the text back whole."""
     text = "a ||| b |||"
     [row] = moses_nbest([[Translation(text, -0.5, ["▁a"], log_prob=-1.0, length_penalty=2.0)]], 7)
