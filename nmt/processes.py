@@ -6,11 +6,14 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
 
 
 CELL_PARENT = "NMT_COMPARE_PID"  # set by nmt compare for a cell's training: the pid it ends with
+RANK_PARENT = "NMT_TRAIN_PID"  # set by nmt train for the DDP processes Lightning's launcher starts
 
 
 def die_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> None:
@@ -25,6 +28,18 @@ def die_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> 
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signum)
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), signum)  # as the armed signal would have
+
+
+@contextmanager
+def named_to_children(variable: str) -> Iterator[None]:
+    """This process's id in environment variable ``variable`` while the block runs, for the
+    processes started meanwhile (they copy the environment) to end with it, by
+    ``die_with_parent``'s check also where it ended before they armed prctl."""
+    os.environ[variable] = str(os.getpid())
+    try:
+        yield
+    finally:
+        del os.environ[variable]
 
 
 def how_it_ended(exitcode: int) -> str:

@@ -24,6 +24,7 @@ import torch
 from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
+from nmt.processes import RANK_PARENT
 from nmt.provenance import code_commit
 from nmt.resume import check_resumable, max_len_ratio_effect
 
@@ -457,6 +458,42 @@ def test_a_ddp_worker_dies_with_the_process_that_started_it(corpus, tmp_path):
     time.sleep(1)
     process.kill()
     ended_within(process, 10)
+
+
+def test_a_ddp_worker_whose_launcher_ended_before_it_started_ends_too(corpus, tmp_path):
+    """The first process stopped in the tenth of a second after it started the second one
+    (SIGTERM or SIGKILL at once), before that one armed its death with it, left it running
+    alone into the rendezvous, for the process group's 30-minute timeout. It now sees that its
+    parent is not the process that started it, and ends. Here the launcher ends as soon as
+    the worker is started, as Lightning's started it (the environment copied: LOCAL_RANK, the
+    first process's id)."""
+    folder, files = corpus
+    command = tiny_train_args(files, tmp_path / "run", folder / "data", epochs=5) + DDP
+    launcher = f"""if True:
+        import os, subprocess, sys
+        env = {{**os.environ, "LOCAL_RANK": "1", "{RANK_PARENT}": str(os.getpid())}}
+        worker = subprocess.Popen([sys.executable, "-m", "nmt", *{command!r}], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(worker.pid, flush=True)
+        os._exit(0)"""
+    started = subprocess.run([sys.executable, "-c", launcher], cwd=REPO, capture_output=True,
+                             text=True, timeout=60)
+    worker = int(started.stdout)
+    deadline = time.time() + 30  # where it runs on, it waits for the first process for hours
+    while running(worker) and time.time() < deadline:
+        time.sleep(0.05)
+    if running(worker):
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail("the worker ran on alone after the process that started it had ended")
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has: it waits for its parent
+    to read its status)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
 
 
 def test_a_finished_run_trained_on_and_interrupted_is_not_finished(corpus, straight_dir, tmp_path,

@@ -13,7 +13,7 @@ from nmt.cli.options import (
     path_option,
     positive_int,
 )
-from nmt.processes import CELL_PARENT, die_with_parent
+from nmt.processes import CELL_PARENT, RANK_PARENT, die_with_parent, named_to_children
 
 
 def add_train(sub: argparse._SubParsersAction) -> None:
@@ -32,14 +32,18 @@ def die_with_launcher() -> None:
     launcher watches its workers (it ends the run within 5 s of one's death), but nothing
     watched it: killed while a worker started up (SIGKILL, or SIGTERM before training), it
     left that worker waiting for it in the process group's rendezvous for 30 minutes (its
-    timeout), unseen. So is a cell's training that ``nmt compare`` started (it names itself in
+    timeout), unseen. The command's own process names itself to the ones Lightning's launcher
+    starts (RANK_PARENT; torchrun's are named nothing): where it ended before one of them
+    armed prctl (a stop in the tenth of a second after the start), that one was left so.
+    So is a cell's training that ``nmt compare`` started (it names itself in
     CELL_PARENT): compare stopped by SIGTERM (``kill``, ``timeout``) left it training on alone,
     holding its run's lock. Linux's prctl, called first, before the imports; elsewhere nothing."""
     compare = os.environ.pop(CELL_PARENT, None)  # not for the processes training starts
     if compare is not None:
         die_with_parent(int(compare))
     elif "LOCAL_RANK" in os.environ:
-        die_with_parent()
+        parent = os.environ.pop(RANK_PARENT, None)
+        die_with_parent(int(parent) if parent is not None else None)
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -55,7 +59,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     # (``nmt.training.fit`` hands them to Lightning): they killed it without a word (exit
     # status 143), and a corpus half prepared was left behind. Not in a process a launcher
     # started, which ends with it: the first process says it, once.
-    with nullcontext() if "LOCAL_RANK" in os.environ else sigterm_as_interrupt():
+    own = "LOCAL_RANK" not in os.environ  # the command's own process, not one a launcher started
+    with sigterm_as_interrupt() if own else nullcontext(), \
+            named_to_children(RANK_PARENT) if own else nullcontext():
         run_dir = train(config)
     if rank_zero_only.rank == 0:  # once, not by every DDP process
         print(f"run directory: {run_dir}")
