@@ -36,6 +36,7 @@ from nmt.config import load_config, save_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.module import prepare_data, split_dataset
 from nmt.errors import NMTError
+from nmt.provenance import code_commit
 from nmt.translator import check_run_weights
 
 from .conftest import REPO, tiny_train_args, write_corpus
@@ -1544,3 +1545,14 @@ def test_a_command_line_argparse_refuses_is_one_line(argv, capsys):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("error: nmt")
     assert err.rstrip().endswith("--help)") and "usage:" not in err
+
+
+def test_version_names_nmt_its_commit_and_its_libraries(capsys):
+    """What a bug report needs, on stdout, status 0 (argparse's --help's way)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"nmt {nmt.__version__}") and out.count("\n") == 1
+    assert f"torch {torch.__version__}" in out and "lightning " in out and "Python 3." in out
+    assert code_commit() is None or f"(commit {code_commit()})" in out

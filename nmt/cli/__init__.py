@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from importlib import metadata
 from typing import NoReturn
 
 from nmt.allocator import keep_freed_memory
@@ -49,12 +50,38 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
+LIBRARIES = ("torch", "lightning", "sentencepiece", "sacrebleu", "datasets")  # what results depend on
+
+
+class VersionAction(argparse.Action):
+    """``nmt --version``: nmt's version and commit, the libraries' versions and Python's, in
+    one line, as a bug report or a result's reader needs them (from the installed packages'
+    metadata: no torch imported for it)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the versions of nmt (and its commit) and its libraries")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:
+        from nmt import __version__
+        from nmt.provenance import code_commit  # imports torch: only when asked
+
+        commit = code_commit()
+        libraries = ", ".join(f"{name} {metadata.version(name)}" for name in LIBRARIES)
+        python = ".".join(map(str, sys.version_info[:3]))
+        print(f"nmt {__version__}{f' (commit {commit})' if commit else ''}: {libraries}, "
+              f"Python {python}")
+        parser.exit(0)
+
+
 def parser() -> argparse.ArgumentParser:
     """The parser tree. Each command's parser names the function that runs it (``run_command``),
     whether it takes config overrides, ``--section.key VALUE`` (``takes_overrides``), and
     whether it handles SIGTERM itself (``own_signals``: Lightning's and LitServe's handlers,
     which ``sigterm_as_interrupt`` would stand in the way of)."""
-    top = Parser(prog="nmt", description=__doc__.splitlines()[0])
+    top = Parser(prog="nmt", description="Neural machine translation for learning, comparing "
+                 "and trusting attention: train, translate, evaluate, serve, study.")
+    top.add_argument("--version", action=VersionAction)
     top.set_defaults(takes_overrides=False, own_signals=False)
     sub = top.add_subparsers(dest="command", required=True)
     for add_command in (add_train, add_prepare, add_decoding, add_serve, add_export, add_average,
