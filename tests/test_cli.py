@@ -116,6 +116,33 @@ def test_translate_nbest_format(run, tmp_path, capsys):
     assert len(rows) == 6 and [r.split(" ||| ")[0] for r in rows] == ["0"] * 3 + ["1"] * 3
 
 
+def test_translate_alignment_pairs_every_target_word_with_a_source_word(run, tmp_path, capsys):
+    """--alignment: each row is the translation, " ||| ", then one i-j pair per target word in
+    target order (i a word of the source line, j of the translation), the translation as
+    translate writes it without the flag; an empty line has none. The pairs' choice itself:
+    tests/test_alignment.py."""
+    lines = ["haus mann katze", "", "hund blau im park"]
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    command = ["translate", "--checkpoint", str(run), "--input", str(source), "--beam", "2",
+               "--precision", "32-true"]
+    assert main(command) == 0
+    plain = capsys.readouterr().out.splitlines()
+    assert main([*command, "--alignment"]) == 0
+    rows = [row.split(" ||| ") for row in capsys.readouterr().out.splitlines()]
+    assert [text for text, _ in rows] == plain
+    for line, (text, pairs) in zip(lines, rows):
+        pairs = [tuple(map(int, pair.split("-"))) for pair in pairs.split()]
+        assert [j for _, j in pairs] == list(range(len(text.split())))
+        assert all(0 <= i < len(line.split()) for i, _ in pairs)
+    assert rows[1] == ["", ""]
+    for extra, message in ((["--nbest", "2"], "--alignment is written beside the best translation"),
+                           (["--ensemble", str(run)], "--alignment reads one model's attention")):
+        assert main([*command, "--alignment", *extra]) == 1
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+
+
 def test_translate_in_chunks_writes_what_the_whole_input_gives(run, tmp_path, capsys):
     """--buffer-lines cuts the input into chunks translated one after the other: the output,
     the n-best ids, the warnings' line numbers and the pictures' names count the whole input.

@@ -68,6 +68,19 @@ def test_float32_attention_matches_ours(run, exported, sources):
         torch.testing.assert_close(b.attention, attention_matrix(a.attention), atol=1e-4, rtol=1e-3)
 
 
+def test_an_export_aligns_words_as_ours(run, exported, sources, tmp_path, capsys):
+    """translate --alignment reads the same map from either engine (the last layer's mean over
+    heads): the same rows, translations and pairs, in float32."""
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(sources[:8]) + "\n", encoding="utf-8")
+    rows = []
+    for options in (["--checkpoint", str(run), "--precision", "32-true"],
+                    ["--checkpoint", str(exported), "--engine", "ctranslate2"]):  # exported in float32
+        assert main(["translate", *options, "--input", str(source), "--beam", "1", "--alignment"]) == 0
+        rows.append(capsys.readouterr().out.splitlines())
+    assert rows[0] == rows[1] and all(" ||| " in row for row in rows[0])
+
+
 def test_a_hypothesis_that_ends_itself_keeps_its_eos_attention_row(exported):
     """CTranslate2 hands back EOS (return_end_token), so a sentence that ends by itself has the
     EOS step's attention row, as ours does; EOS is not a piece of the text. A hypothesis cut at

@@ -71,6 +71,9 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
     translate.add_argument("--buffer-lines", type=positive_int, default=BUFFER_LINES,
                            help="translate and write the input this many lines at a time "
                                 f"(default {BUFFER_LINES}; 1: each line as it arrives)")
+    translate.add_argument("--alignment", action="store_true",
+                           help="append each translation's word alignment, read off its "
+                                "cross-attention: 'text ||| 0-0 1-2 ...' (source-target words)")
     translate.add_argument("--plot-attention", type=path_option, metavar="DIR",
                            help="write a heatmap PNG of each sentence's attention to DIR")
     translate.add_argument("--attention-kind", choices=("cross", "encoder", "decoder"),
@@ -243,6 +246,9 @@ def cmd_translate(args: argparse.Namespace) -> None:
     picture_options(args)
     check_output_is_not_input(args.input, args.output)
     args.nbest = check_decoding_args(args, args.nbest)
+    if args.alignment and args.nbest > 1:
+        raise NMTError("--alignment is written beside the best translation alone: translate "
+                       "with --nbest 1 (n-best rows keep Moses' four fields)")
     check_picture_choice(args)
     # The input, the output and the picture folder are opened before the model loads and
     # --precision auto times it (seconds, more for an ensemble): a mistyped --input, or a
@@ -278,19 +284,33 @@ def translate_chunk(translator, lines: list[str], first: int, args: argparse.Nam
     Moses n-best rows; with --plot-attention, their pictures too."""
     from nmt.translator import moses_nbest
 
-    need_attn = args.plot_attention is not None
+    need_attn = args.plot_attention is not None or args.alignment
     results = translator.translate(lines, args.beam, args.nbest, args.alpha, need_attn,
                                    first_line=first)
-    if need_attn:
+    if args.plot_attention is not None:
         from nmt.plots import plot_attention
 
         plot_attention(translator, lines, results, args.plot_attention, args.attention_kind,
                        args.attention_layer, args.attention_head, first_line=first)
     if args.nbest > 1:
         rows = moses_nbest(results, first_id=first - 1)
+    elif args.alignment:
+        rows = [f"{hyps[0].text} ||| {aligned(hyps[0])}" for hyps in results]
     else:
         rows = [hyps[0].text for hyps in results]
     return "".join(row + "\n" for row in rows)
+
+
+def aligned(translation) -> str:
+    """--alignment's pairs for a translation: from its cross-attention, the last layer's mean
+    over heads for a Transformer (``nmt.alignment``); none for an empty line."""
+    from nmt.alignment import pharaoh, word_alignment
+    from nmt.attention_stats import attention_matrix
+
+    if translation.attention is None:
+        return ""
+    weights = attention_matrix(translation.attention)  # (T + 1, S + 1)
+    return pharaoh(word_alignment(weights, translation.source[:-1], translation.pieces))
 
 
 def picture_options(args: argparse.Namespace) -> None:
@@ -299,6 +319,9 @@ def picture_options(args: argparse.Namespace) -> None:
     if args.plot_attention is not None and args.ensemble:
         raise NMTError("--plot-attention draws one model's attention: translate with that run "
                        "alone, without --ensemble")
+    if args.alignment and args.ensemble:
+        raise NMTError("--alignment reads one model's attention: translate with that run alone, "
+                       "without --ensemble")
     given = [name for name in PICTURE_DEFAULTS if getattr(args, name) is not None]
     if given and args.plot_attention is None:
         option = "--" + given[0].replace("_", "-")
