@@ -331,8 +331,8 @@ def test_a_training_file_replaced_with_its_size_and_time_kept_is_prepared_again(
     is never compared with what was prepared. Its key now holds a sample of its bytes: the
     new text is prepared anew; ``large``: a file larger than the sample (read in blocks)."""
     if large:  # 4 blocks of 64 bytes: the 7 KB training files are read in part
-        monkeypatch.setattr("nmt.data.corpus.SAMPLE_BYTES", 64)
-        monkeypatch.setattr("nmt.data.corpus.SAMPLE_BLOCKS", 4)
+        monkeypatch.setattr("nmt.data.text_files.SAMPLE_BYTES", 64)
+        monkeypatch.setattr("nmt.data.text_files.SAMPLE_BLOCKS", 4)
     cfg = _local_layout(tmp_path / "data", write_corpus(tmp_path))
     first = prepare(cfg)
     train = tmp_path / "data" / "toy" / "train.en"
@@ -640,7 +640,7 @@ def test_a_text_changed_unseen_by_the_cache_is_not_scored_against_its_old_ids(tm
         validation = tmp_path / "data" / "toy" / "val.en"
         # the key's sample of a file's bytes does not see an edit between its blocks (of a
         # large file): as if this were one
-        monkeypatch.setattr("nmt.data.corpus.content_sample", lambda path: "the same blocks")
+        monkeypatch.setattr("nmt.data.text_files.content_sample", lambda path: "the same blocks")
     folder = prepare(cfg)
     check_prepared_text(folder, "val", {"en": load_corpus(cfg)["val"]["tgt"]})  # as prepared: passes
     before = validation.stat()

@@ -13,8 +13,6 @@ a line break elsewhere in a line an error.
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -32,7 +30,7 @@ from nmt.data.hub import (
     resolve_hub,
     stream_errors,
 )
-from nmt.data.text_files import check_rows, line_count, read_lines
+from nmt.data.text_files import check_rows, file_identity, line_count, read_lines
 from nmt.errors import NMTError
 
 SPLITS = ("train", "val", "test")
@@ -180,42 +178,18 @@ def _dataset_chunks(split: datasets.Dataset | datasets.IterableDataset, src: str
 
 
 def source_identity(source: Source) -> list:
-    """What identifies a split's content for the cache: each file's path, size, modification
-    time and ``content_sample`` (not its inode or status-change time: a copy staged with
-    ``rsync -a`` is the same corpus), a Hub dataset's fingerprint, or a stream's name and
-    version. What that cannot see (an edit of a large file between its sampled blocks, its
-    size and time kept; a stream revised under its name) ``nmt.data.prepare.check_prepared_text``
-    finds in the validation pairs, not in the training split."""
+    """What identifies a split's content for the cache: each file's ``file_identity`` (path,
+    size, modification time and a sample of its bytes), a Hub dataset's fingerprint, or a
+    stream's name and version. What that cannot see (an edit of a large file between its
+    sampled blocks, its size and time kept; a stream revised under its name)
+    ``nmt.data.prepare.check_prepared_text`` finds in the validation pairs, not in the
+    training split."""
     if isinstance(source, HubSplit):
         return [source.rows._fingerprint]
     if isinstance(source, HubStream):
         info = source.rows.info
         return [f"stream {source.name} {source.config} {source.split} {info.version} {info.dataset_size}"]
-    stats = [(Path(p).resolve(), Path(p).stat()) for p in source]
-    return [(str(path), st.st_size, st.st_mtime_ns, content_sample(path)) for path, st in stats]
-
-
-SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 1 << 16  # what content_sample reads: 1 MiB of any file
-
-
-def content_sample(path: Path) -> str:
-    """sha1 of ``SAMPLE_BLOCKS`` blocks of a file, its first, its last and evenly spaced
-    between (the whole file where it is no larger). Another text of the same size and
-    modification time (``cp -p``, ``touch -r``, a corpus rebuilt by a script that sets its
-    times) kept a training file's stale prepared ids, as the size and time were the key:
-    its bytes differ in nearly every block, and in a gzip file's last bytes (the CRC32 of
-    the text) whatever changed. A millisecond of reading for a file of any size, at each
-    start; hashing whole files would cost seconds a gigabyte."""
-    digest = hashlib.sha1()
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size <= SAMPLE_BLOCKS * SAMPLE_BYTES:
-            digest.update(f.read())
-        else:
-            for block in range(SAMPLE_BLOCKS):
-                f.seek((size - SAMPLE_BYTES) * block // (SAMPLE_BLOCKS - 1))
-                digest.update(f.read(SAMPLE_BYTES))
-    return digest.hexdigest()
+    return [file_identity(path) for path in source]
 
 
 def _named_files(cfg: DataConfig, needed: tuple[str, ...]) -> dict[str, Source]:

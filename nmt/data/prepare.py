@@ -13,7 +13,7 @@ training memory-maps (its memory does not grow with the corpus).
   which training checks the validation pairs against (either direction: both are recorded).
 
 The key hashes everything the result depends on: each input file's path, size, modification
-time and a sample of its bytes (``nmt.data.corpus.content_sample``; or the Hub dataset's
+time and a sample of its bytes (``nmt.data.text_files.content_sample``; or the Hub dataset's
 fingerprint), the language pair, ``train_lines``, ``vocab_size`` and
 ``spm_sample``. Change any of them and a new folder is prepared; the same inputs reuse it. Both
 directions of a pair share one folder (the ids are stored per language; a Hub split is keyed
@@ -24,7 +24,6 @@ see (an edit between the sampled blocks of a large file, its size and time kept)
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import hashlib
 import json
@@ -33,8 +32,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from itertools import chain
 from pathlib import Path
 
@@ -46,6 +44,7 @@ from nmt.data.corpus import Source, read_pairs, source_identity, split_sources
 from nmt.data.hub import hub_name
 from nmt.data.tokenizer import Tokenizer, train_tokenizer
 from nmt.errors import NMTError, first_line
+from nmt.files import one_build_at_a_time
 from nmt.memory import usable_cpus
 
 FORMAT = 2  # bump when the layout or the tokenizer's training changes: old folders are then ignored
@@ -107,36 +106,6 @@ def prepare(cfg: DataConfig, sources: dict[str, Source] | None = None) -> Path:
         if (folder / "meta.json").is_file():  # another process prepared it meanwhile
             return folder
         return _prepare_into(cfg, sources, folder)
-
-
-@contextmanager
-def one_build_at_a_time(folder: Path) -> Iterator[None]:
-    """Hold the kernel's lock (``flock``) on ``<folder>.lock`` beside ``folder``: processes
-    preparing the same folder at once (two trainings started together, ``compare --jobs``)
-    take turns, and the later ones find it built. Each built it whole before, side by side:
-    2 x 300,000 pairs took 45 s each instead of 15 s, with a GB of memory each. A file system
-    without locks (some network ones) prepares unguarded, as before.
-
-    The lock file is removed when done, so that ``prepared/`` holds only folders: a process
-    that then opens a new one may build beside one still holding the old one (after a failed
-    build), which is no worse than before, as a folder is renamed into place whole."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    path = folder.with_name(f"{folder.name}.lock")
-    with open(path, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another process preparing {folder} ...", file=sys.stderr,
-                  flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError:
-            pass
-        try:
-            yield
-        finally:  # before the lock goes, with the file's closing
-            with suppress(FileNotFoundError):
-                if os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino:  # not a newer one's
-                    path.unlink()
 
 
 def _prepare_into(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> Path:

@@ -1,5 +1,6 @@
 """Reading text files in blocks, and checking them: a corpus' plain-text files (a sentence a
-line, ``.gz`` too) and a dataset's delimited files (``RowFiles``, as datasets reads them).
+line, ``.gz`` too) and a dataset's delimited files (``RowFiles``, as datasets reads them);
+and what identifies a file's content for the caches (``file_identity``).
 
 A line of a text file ends at ``\\n`` and nowhere else, as in ``nmt translate``; one ``\\r``
 before the ``\\n`` (Windows line ends) is dropped. Any other line break inside a line (``\\r``,
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import codecs
 import csv
+import hashlib
 import itertools
 import lzma
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -244,3 +247,39 @@ def _local_copy(path: str) -> str | None:
                                                       repo_type="dataset")
         return copy if isinstance(copy, str) else None  # or a marker: known to be missing
     return None
+
+
+# A file's resolved path, size, modification time (ns) and content_sample
+FileIdentity = tuple[str, int, int, str]
+
+
+def file_identity(path: str) -> FileIdentity:
+    """What identifies a file's content for the caches: its resolved path, size, modification
+    time and ``content_sample`` (not its inode or status-change time: a copy staged with
+    ``rsync -a`` is the same corpus)."""
+    resolved = Path(path).resolve()
+    stat = resolved.stat()
+    return str(resolved), stat.st_size, stat.st_mtime_ns, content_sample(resolved)
+
+
+SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 1 << 16  # what content_sample reads: 1 MiB of any file
+
+
+def content_sample(path: Path) -> str:
+    """sha1 of ``SAMPLE_BLOCKS`` blocks of a file, its first, its last and evenly spaced
+    between (the whole file where it is no larger). Another text of the same size and
+    modification time (``cp -p``, ``touch -r``, a corpus rebuilt by a script that sets its
+    times) kept a training file's stale prepared ids, as the size and time were the key:
+    its bytes differ in nearly every block, and in a gzip file's last bytes (the CRC32 of
+    the text) whatever changed. A millisecond of reading for a file of any size, at each
+    start; hashing whole files would cost seconds a gigabyte."""
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size <= SAMPLE_BLOCKS * SAMPLE_BYTES:
+            digest.update(f.read())
+        else:
+            for block in range(SAMPLE_BLOCKS):
+                f.seek((size - SAMPLE_BYTES) * block // (SAMPLE_BLOCKS - 1))
+                digest.update(f.read(SAMPLE_BYTES))
+    return digest.hexdigest()
