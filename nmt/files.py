@@ -121,8 +121,9 @@ def remove_empty(folders: list[Path]) -> None:
 @contextmanager
 def one_build_at_a_time(folder: Path) -> Iterator[None]:
     """Hold the kernel's lock (``flock``) on ``<folder>.lock`` beside ``folder``: processes
-    preparing the same folder at once (two trainings started together, ``compare --jobs``)
-    take turns, and the later ones find it built. Each built it whole before, side by side:
+    preparing the same folder at once (two trainings started together, ``compare --jobs``; a
+    DDP run's ranks loading a local dataset folder into datasets' cache) take turns, and the
+    later ones find it built. Each built it whole before, side by side:
     2 x 300,000 pairs took 45 s each instead of 15 s, with a GB of memory each. A file system
     without locks (some network ones) prepares unguarded, as before.
 

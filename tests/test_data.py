@@ -34,7 +34,7 @@ from nmt.data import prepare as prepare_module
 from nmt.data.batching import PairDataset, TokenBatchSampler, collate
 from nmt.data.corpus import load_corpus, read_pairs, split_sources
 from nmt.data.module import TranslationDataModule, prepare_data, split_dataset
-from nmt.data.prepare import check_prepared_text, load_side, prepare, sample_pairs
+from nmt.data.prepare import check_prepared_text, lines_sha1, load_side, prepare, sample_pairs
 from nmt.data.text_files import RowFiles, check_rows
 from nmt.data.tokenizer import BOS, EOS, PAD, train_tokenizer
 from nmt.errors import NMTError
@@ -250,6 +250,19 @@ def test_a_build_killed_part_of_the_way_is_removed_by_the_next(tmp_path):
     assert not abandoned.exists() and running.is_dir() and other_host.is_dir()
 
 
+class WaitingSeen(io.StringIO):
+    """A stderr that sets ``event`` when a process says it waits for another's preparing."""
+
+    def __init__(self, event: threading.Event):
+        super().__init__()
+        self.event = event
+
+    def write(self, text: str) -> int:
+        if text.startswith("waiting for another process preparing"):
+            self.event.set()
+        return super().write(text)
+
+
 def test_two_preparations_of_one_folder_take_turns(tmp_path, monkeypatch):
     """Two processes preparing the same folder at once (two trainings started together,
     compare --jobs) each built it whole, side by side: three times the time of one on a large
@@ -270,14 +283,8 @@ def test_two_preparations_of_one_folder_take_turns(tmp_path, monkeypatch):
                 second_waits.wait(0.01)
         return real_build(*args)
 
-    class Stderr(io.StringIO):
-        def write(self, text: str) -> int:
-            if text.startswith("waiting for another process preparing"):
-                second_waits.set()
-            return super().write(text)
-
     monkeypatch.setattr(prepare_module, "_build", build)
-    monkeypatch.setattr(sys, "stderr", Stderr())
+    monkeypatch.setattr(sys, "stderr", WaitingSeen(second_waits))
     folder = prepare(cfg)
     second.join()
     assert len(builds) == 1 and found == [folder] and (folder / "meta.json").is_file()
@@ -425,6 +432,58 @@ def test_a_hub_folder_of_tsv_or_csv_files_reads_each_pair_as_written(tmp_path, s
         (commas / f"{name}.csv").write_text('de,en\n"a, b","""A"", B"\nNULL,\n', encoding="utf-8")
     corpus = load_corpus(DataConfig(hub_dataset=str(commas), hub_streaming=streaming))
     assert list(zip(*next(read_pairs(corpus.sources["train"])))) == [("a, b", '"A", B'), ("NULL", "")]
+
+
+def test_a_dataset_folders_file_replaced_with_its_size_and_time_kept_is_prepared_again(
+        tmp_path, monkeypatch):
+    """A local dataset folder's train.tsv replaced by another text of the same size and
+    modification time (cp -p, touch -r) reused the folder prepared from the old text, and
+    datasets served the old text's rows from its cache: both know a local file by its path
+    and modification time. The files' identity is now in the key, as named files' is, and
+    datasets prepares the rows again: a new folder, of the new text."""
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", tmp_path / "hf_cache")
+    files = write_corpus(tmp_path)
+    pairs = list(zip(*(Path(path).read_text(encoding="utf-8").splitlines()
+                       for path in files["train"])))
+    hub = _tsv_folder(tmp_path / "hub", pairs)
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), hub_dataset=str(hub), vocab_size=120)
+    first = prepare(cfg)
+    train = hub / "train.tsv"
+    before = train.stat()
+    header, *rows = train.read_text(encoding="utf-8").splitlines(keepends=True)
+    train.write_text("".join([header, *reversed(rows)]), encoding="utf-8")
+    os.utime(train, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (train.stat().st_size, train.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    second = prepare(cfg)
+    assert second != first
+    meta = json.loads((second / "meta.json").read_text())
+    assert meta["text_sha1"]["train"]["en"] == lines_sha1([t for _, t in reversed(pairs)])
+
+
+def test_processes_loading_a_dataset_folder_at_once_prepare_its_rows_once(tmp_path, monkeypatch):
+    """Processes loading a local dataset folder at once (a DDP run's ranks) each found no
+    record of the files its rows in datasets' cache were prepared from, and each prepared
+    them anew, replacing the rows another was reading. The second now waits for the first
+    and reuses the rows it recorded. (Two threads: the kernel's lock is per open file.)"""
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", tmp_path / "hf_cache")
+    cfg = DataConfig(hub_dataset=str(_tsv_folder(tmp_path / "hub", [("a", "A"), ("b", "B")])))
+    modes, second_waits, found = [], threading.Event(), []
+    second = threading.Thread(target=lambda: found.append(load_corpus(cfg)["train"]["tgt"]))
+    real = datasets.DatasetBuilder.download_and_prepare
+
+    def download_and_prepare(builder, *args, download_mode=None, **kwargs):
+        modes.append(download_mode)
+        if len(modes) == 1:  # the first prepares until the second has come to the rows
+            second.start()
+            while second.is_alive() and not second_waits.is_set():
+                second_waits.wait(0.01)
+        return real(builder, *args, download_mode=download_mode, **kwargs)
+
+    monkeypatch.setattr(datasets.DatasetBuilder, "download_and_prepare", download_and_prepare)
+    monkeypatch.setattr(sys, "stderr", WaitingSeen(second_waits))
+    assert load_corpus(cfg)["train"]["tgt"] == ["A", "B"]
+    second.join()
+    assert modes == [datasets.DownloadMode.FORCE_REDOWNLOAD, None] and found == [["A", "B"]]
 
 
 @pytest.mark.parametrize("streaming", [False, True])

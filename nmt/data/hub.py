@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -23,8 +24,9 @@ from datasets.exceptions import DatasetGenerationError
 from datasets.packaged_modules.csv.csv import CsvConfig
 
 from nmt.config import DataConfig
-from nmt.data.text_files import RowFiles
+from nmt.data.text_files import FileIdentity, RowFiles, file_identity
 from nmt.errors import NMTError, first_line
+from nmt.files import one_build_at_a_time, write_atomic
 
 datasets.disable_progress_bars()  # one-off loading and caching; no bars in every run
 
@@ -37,12 +39,16 @@ class HubSplit:
     """A downloaded Hub split. Its rows hold one column per language of the pair, in sorted
     order whatever the direction, so that both directions have one fingerprint (the cache's
     key: they share one prepared folder, as two files do); ``src`` and ``tgt`` name the
-    columns read as source and target."""
+    columns read as source and target. ``local_files``: the identity of the split's files
+    where they are on this machine (a local dataset folder's), for the cache's key as named
+    files have it: the fingerprint knows a local file by its path and modification time
+    alone; none for a Hub dataset's files (the fingerprint holds their revision)."""
 
     rows: datasets.Dataset
     src: str
     tgt: str
     row_files: RowFiles = RowFiles()  # checked when read (``check_rows``)
+    local_files: tuple[FileIdentity, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,9 +140,10 @@ def from_hub(cfg: DataConfig, hub: HubDataset) -> dict[str, HubSplit | HubStream
     name = hub_name(cfg)
     with _hub_errors(cfg):  # as datasets.load_dataset loads
         if cfg.hub_streaming:
-            splits = hub.builder.as_streaming_dataset()
+            splits, local = hub.builder.as_streaming_dataset(), {}
         else:
-            hub.builder.download_and_prepare()
+            local = _local_files(hub.builder.config)
+            _download_and_prepare(hub.builder, local)
             splits = hub.builder.as_dataset()
     corpus = {}
     for split, names in HUB_SPLITS.items():
@@ -147,10 +154,47 @@ def from_hub(cfg: DataConfig, hub: HubDataset) -> dict[str, HubSplit | HubStream
                 rows = _language_columns(splits[found], src, tgt, name)
             files = hub.row_files.get(found, RowFiles())
             corpus[split] = HubStream(name, cfg.hub_config, found, rows, src, tgt, files) \
-                if cfg.hub_streaming else HubSplit(rows, src, tgt, files)
+                if cfg.hub_streaming else HubSplit(rows, src, tgt, files, local.get(found, ()))
     if "train" not in corpus or "val" not in corpus:
         raise NMTError(f"Hub dataset '{name}' lacks a train or validation split: {list(splits)}")
     return corpus
+
+
+def _local_files(config: datasets.BuilderConfig) -> dict[str, tuple[FileIdentity, ...]]:
+    """Each split's data files on this machine (a local dataset folder's), by ``file_identity``
+    (a millisecond a file); a split whose files are on the Hub (``hf://``) has none."""
+    return {str(split): identities for split, files in (config.data_files or {}).items()
+            if (identities := tuple(file_identity(path) for path in files if Path(path).is_file()))}
+
+
+# Beside the rows datasets prepared from a local dataset folder: the identity of its files then
+LOCAL_FILES_RECORD = "nmt_local_files.json"
+
+
+def _download_and_prepare(builder: datasets.DatasetBuilder,
+                          local: dict[str, tuple[FileIdentity, ...]]) -> None:
+    """Download a dataset and prepare its rows in datasets' cache, once; a local dataset
+    folder's again where its files are not those it was prepared from. datasets keys a local
+    file by its path and modification time alone: a file replaced by another text with its
+    time kept (``cp -p``, ``touch -r``) was served as the old text's rows. The files'
+    identity (``local``) is recorded beside the rows; rows without that record (prepared
+    before it was kept) are prepared again too. Processes loading the folder at once (a DDP
+    run's ranks) take turns: the first prepares the rows, the others find them recorded
+    (each would have prepared them anew, replacing the rows another was reading)."""
+    if not local:  # a Hub dataset's: datasets' key holds its revision
+        builder.download_and_prepare()
+        return
+    identity = json.dumps(local)
+    rows = Path(builder.cache_dir)  # where datasets keeps this dataset's rows
+    record = rows / LOCAL_FILES_RECORD
+    with one_build_at_a_time(rows):
+        try:
+            stale = record.read_text(encoding="utf-8") != identity
+        except OSError:  # none yet: prepared before it was kept, or never
+            stale = True
+        mode = datasets.DownloadMode.FORCE_REDOWNLOAD if stale else None  # None: reuse the rows
+        builder.download_and_prepare(download_mode=mode)
+        write_atomic(record, identity)
 
 
 def _reason(err: Exception) -> str:

@@ -13,13 +13,14 @@ training memory-maps (its memory does not grow with the corpus).
   which training checks the validation pairs against (either direction: both are recorded).
 
 The key hashes everything the result depends on: each input file's path, size, modification
-time and a sample of its bytes (``nmt.data.text_files.content_sample``; or the Hub dataset's
-fingerprint), the language pair, ``train_lines``, ``vocab_size`` and
-``spm_sample``. Change any of them and a new folder is prepared; the same inputs reuse it. Both
-directions of a pair share one folder (the ids are stored per language; a Hub split is keyed
-with its languages' columns in sorted order, ``nmt.data.hub.HubSplit``). What the key cannot
-see (an edit between the sampled blocks of a large file, its size and time kept)
-``check_prepared_text`` finds in the validation pairs; in the training split it goes unseen.
+time and a sample of its bytes (``nmt.data.text_files.file_identity``: named files', a local
+dataset folder's; or the Hub dataset's fingerprint), the language pair, ``train_lines``,
+``vocab_size`` and ``spm_sample``. Change any of them and a new folder is prepared; the same
+inputs reuse it. Both directions of a pair share one folder (the ids are stored per language;
+a Hub split is keyed with its languages' columns in sorted order, ``nmt.data.hub.HubSplit``).
+What the key cannot see (an edit between the sampled blocks of a large file, its size and
+time kept) ``check_prepared_text`` finds in the validation pairs; in the training split it goes
+unseen.
 """
 
 from __future__ import annotations
