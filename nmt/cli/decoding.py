@@ -280,8 +280,9 @@ def check_output_is_not_input(source: str | None, output: str | None) -> None:
 
 
 def translate_chunk(translator, lines: list[str], first: int, args: argparse.Namespace) -> str:
-    """The output for ``lines``, lines ``first``... of the input: one translation per line, or
-    Moses n-best rows; with --plot-attention, their pictures too."""
+    """The output for ``lines``, lines ``first``... of the input: one translation per line
+    (with --alignment, its word pairs after " ||| "), or Moses n-best rows; with
+    --plot-attention, their pictures too."""
     from nmt.translator import moses_nbest
 
     need_attn = args.plot_attention is not None or args.alignment
