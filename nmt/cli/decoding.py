@@ -80,10 +80,11 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
                            help="with --plot-attention: cross-attention (default), or the "
                                 "Transformer's encoder or decoder self-attention")
     translate.add_argument("--attention-layer", type=int,
-                           help="with --plot-attention, Transformer: which layer (default last)")
+                           help="with --plot-attention, Transformer: which layer, from 0 "
+                                "(default -1, the last)")
     translate.add_argument("--attention-head",
                            help="with --plot-attention, Transformer: mean over heads (default), a "
-                                "head number, or all (one panel each)")
+                                "head number from 0, or all (one panel each)")
     evaluate = sub.choices["evaluate"]
     evaluate.add_argument("--split", help="train | val | test (default test)")
     evaluate.add_argument("--files", nargs=2, type=path_option, metavar=("SRC", "REF"),
