@@ -454,8 +454,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     serve.set_defaults(run_command=cmd_serve, own_signals=True)
     serve.add_argument("--checkpoint", required=True, nargs="+", type=path_option,
                        help="run directories (exported models with --engine ctranslate2)")
-    serve.add_argument("--host", default="127.0.0.1", help="127.0.0.1 (or localhost), 0.0.0.0 or ::")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="127.0.0.1 (default; or localhost), 0.0.0.0 or ::")
+    serve.add_argument("--port", type=int, default=8000, help="default 8000")
     serve.add_argument("--beam", type=int, default=5, help="beam size when a request names none")
     serve.add_argument("--engine", default="torch", help="torch | ctranslate2")
     serve.add_argument("--max-batch", type=int, default=32, help="requests decoded together")
