@@ -424,6 +424,25 @@ def test_sigterm_before_a_ddp_run_trains_stops_it_in_one_line(corpus, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_sigterm_while_train_imports_its_libraries_stops_it_in_one_line(corpus, tmp_path):
+    """SIGTERM in the seconds nmt train imports torch and Lightning, before it took the signal,
+    killed it without a word (exit status 143 of the default); now it stops as it does later,
+    in one line. Sent once the process maps libtorch, i.e. while ``import torch`` runs."""
+    _, files = corpus
+    argv = tiny_train_args(files, tmp_path / "run", tmp_path / "data")
+    process = subprocess.Popen([sys.executable, "-m", "nmt", *argv], cwd=REPO, text=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    maps, deadline = Path(f"/proc/{process.pid}/maps"), time.time() + 60
+    while "libtorch_cpu" not in maps.read_text() and time.time() < deadline:
+        time.sleep(0.002)
+    process.send_signal(signal.SIGTERM)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode == 128 + signal.SIGTERM, (process.returncode, err[-2000:])
+    assert err == "stopped by SIGTERM\n"
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_killed_ddp_worker_ends_the_run_with_one_line(corpus, tmp_path):
     """A DDP worker killed mid-training (SIGKILL: the OOM killer) ended the run with ~40 lines
     of gloo's traceback ("Connection closed by peer"), which named neither the process nor

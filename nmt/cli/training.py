@@ -48,21 +48,23 @@ def die_with_launcher() -> None:
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     die_with_launcher()
-    from lightning.pytorch.utilities import rank_zero_only
-
     from nmt.cli import sigterm_as_interrupt
-    from nmt.config import load_config
-    from nmt.training import train
 
-    config = load_config(args.config, overrides)
     # SIGTERM and SIGHUP stop the command in one line, as Ctrl-C, until training starts
     # (``nmt.training.fit`` hands them to Lightning): they killed it without a word (exit
-    # status 143), and a corpus half prepared was left behind. Not in a process a launcher
-    # started, which ends with it: the first process says it, once.
+    # status 143), and a corpus half prepared was left behind; so did they while torch and
+    # Lightning were imported (seconds). Not in a process a launcher started, which ends
+    # with it: the first process says it, once.
     own = "LOCAL_RANK" not in os.environ  # the command's own process, not one a launcher started
-    with sigterm_as_interrupt() if own else nullcontext(), \
-            named_to_children(RANK_PARENT) if own else nullcontext():
-        run_dir = train(config)
+    with sigterm_as_interrupt() if own else nullcontext():
+        from lightning.pytorch.utilities import rank_zero_only
+
+        from nmt.config import load_config
+        from nmt.training import train
+
+        config = load_config(args.config, overrides)
+        with named_to_children(RANK_PARENT) if own else nullcontext():
+            run_dir = train(config)
     if rank_zero_only.rank == 0:  # once, not by every DDP process
         print(f"run directory: {run_dir}")
 
