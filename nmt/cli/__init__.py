@@ -55,8 +55,9 @@ LIBRARIES = ("torch", "lightning", "sentencepiece", "sacrebleu", "datasets")  # 
 
 class VersionAction(argparse.Action):
     """``nmt --version``: nmt's version and commit, the libraries' versions and Python's, in
-    one line, as a bug report or a result's reader needs them (from the installed packages'
-    metadata: no torch imported for it)."""
+    one line, as a bug report or a result's reader needs them. The libraries' versions come
+    from their installed metadata; only the commit's lookup (``nmt.provenance``) imports torch,
+    and only when asked: parsing any other command line imports none."""
 
     def __init__(self, option_strings: list[str], dest: str, **kwargs):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,

@@ -194,7 +194,8 @@ def _download_and_prepare(builder: datasets.DatasetBuilder,
             stale = True
         mode = datasets.DownloadMode.FORCE_REDOWNLOAD if stale else None  # None: reuse the rows
         builder.download_and_prepare(download_mode=mode)
-        write_atomic(record, identity)
+        if stale:
+            write_atomic(record, identity)
 
 
 def _reason(err: Exception) -> str:
