@@ -39,7 +39,8 @@ def word_alignment(weights: Tensor, source: list[str], target: list[str]) -> lis
     and their EOS (columns); the EOS row and column are left out."""
     if not target or not source:
         return []
-    weights = weights[: len(target), : len(source)].float()  # (T, S)
+    # on the CPU, where the word indices are made: a decoding on CUDA keeps its weights there
+    weights = weights[: len(target), : len(source)].float().cpu()  # (T, S)
     src_words, tgt_words = word_ids(source), word_ids(target)  # (S,), (T,)
     mass = weights.new_zeros(len(target), int(src_words[-1]) + 1).index_add_(1, src_words, weights)
     votes = mass.new_zeros(int(tgt_words[-1]) + 1, mass.size(1)).index_add_(0, tgt_words, mass)

@@ -26,6 +26,7 @@ import datasets
 import huggingface_hub
 import numpy as np
 import pytest
+import sentencepiece as spm
 
 from nmt.cli import main
 from nmt.cli.decoding import input_chunks
@@ -988,8 +989,10 @@ def test_multi30k_batches_are_pinned(multi30k_prepared):
         sampler.set_epoch(epoch)
         batches = list(sampler)
         digest = [hashlib.sha1(json.dumps(b).encode()).hexdigest()[:12] for b in batches[:3]]
-        assert len(batches) == 123 and digest == first
-        assert hashlib.sha1(json.dumps(batches).encode()).hexdigest()[:16] == whole
+        # pinned with sentencepiece 0.2.3; 0.2.2 cuts other pieces (117 batches an epoch)
+        why = f"other batches than the pinned ones, with sentencepiece {spm.__version__}"
+        assert len(batches) == 123 and digest == first, why
+        assert hashlib.sha1(json.dumps(batches).encode()).hexdigest()[:16] == whole, why
 
 
 def test_batches_gather_from_flat_arrays():

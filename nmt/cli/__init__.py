@@ -56,19 +56,24 @@ LIBRARIES = ("torch", "lightning", "sentencepiece", "sacrebleu", "datasets")  # 
 class VersionAction(argparse.Action):
     """``nmt --version``: nmt's version and commit, the libraries' versions and Python's, in
     one line, as a bug report or a result's reader needs them. The libraries' versions come
-    from their installed metadata; only the commit's lookup (``nmt.provenance``) imports torch,
-    and only when asked: parsing any other command line imports none."""
+    from their installed metadata, torch's from torch itself: its build tag (``+cu130``,
+    ``+cpu``) tells a CUDA build from a CPU one, and an image's torch may lack it in its
+    metadata (``2.11.0`` for ``2.11.0+cu130`` on the lent H200). Torch is imported only when
+    asked: parsing any other command line imports none."""
 
     def __init__(self, option_strings: list[str], dest: str, **kwargs):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
                          help="print the versions of nmt (and its commit) and its libraries")
 
     def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:
+        import torch
+
         from nmt import __version__
-        from nmt.provenance import code_commit  # imports torch: only when asked
+        from nmt.provenance import code_commit
 
         commit = code_commit()
-        libraries = ", ".join(f"{name} {metadata.version(name)}" for name in LIBRARIES)
+        versions = {name: metadata.version(name) for name in LIBRARIES} | {"torch": torch.__version__}
+        libraries = ", ".join(f"{name} {versions[name]}" for name in LIBRARIES)
         python = ".".join(map(str, sys.version_info[:3]))
         print(f"nmt {__version__}{f' (commit {commit})' if commit else ''}: {libraries}, "
               f"Python {python}")
