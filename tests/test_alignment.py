@@ -33,3 +33,19 @@ def test_each_target_word_takes_the_source_word_its_pieces_weigh_most():
 def test_an_empty_translation_or_source_has_no_pairs():
     assert word_alignment(torch.ones(1, 3), ["▁a", "▁b"], []) == []
     assert word_alignment(torch.ones(2, 1), [], ["▁a"]) == []
+
+
+def test_a_transformers_alignment_reads_the_chosen_layer_and_head():
+    """--alignment reads the last layer's mean over heads unless --attention-layer and
+    --attention-head choose another (which layer aligns best varies by model)."""
+    from nmt.cli.decoding import aligned
+    from nmt.translator import Translation
+
+    crossed, straight = torch.tensor([[0.1, 0.9], [0.9, 0.1]]), torch.eye(2)
+    attention = torch.zeros(3, 2, 2, 3)  # (T + 1, layers, heads, S + 1): A, dog, EOS over Ein, Hund, EOS
+    attention[:2, 0, 0, :2], attention[:2, 0, 1, :2] = crossed, straight  # layer 0: heads disagree
+    attention[:2, 1, 0, :2] = attention[:2, 1, 1, :2] = crossed  # layer 1, the last: crossed
+    translation = Translation("A dog", 0.0, ["▁A", "▁dog"], attention, ["▁Ein", "▁Hund", "</s>"])
+    assert aligned(translation) == "1-0 0-1"  # the last layer's mean
+    assert aligned(translation, 0, "1") == aligned(translation, 0) == "0-0 1-1"
+    assert aligned(translation, 0, "0") == aligned(translation, -1, "mean") == "1-0 0-1"

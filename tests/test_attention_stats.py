@@ -237,6 +237,41 @@ def test_attention_options_without_a_picture_folder_are_refused(run, tmp_path, m
     assert not (tmp_path / "out.txt").exists()
 
 
+def test_alignment_takes_the_layer_and_head_options(run, tmp_path, capsys):
+    """--attention-layer and --attention-head choose the cross-attention --alignment reads
+    (they were refused without --plot-attention): the rows are that map's."""
+    from nmt.alignment import pharaoh, word_alignment
+    from nmt.attention_stats import attention_matrix
+
+    (tmp_path / "in.txt").write_text("haus mann katze\nhund blau im park\n", encoding="utf-8")
+    command = ["translate", "--checkpoint", str(run), "--input", str(tmp_path / "in.txt"),
+               "--beam", "1", "--precision", "32-true", "--alignment"]
+    assert main([*command, "--attention-layer", "0", "--attention-head", "1"]) == 0
+    rows = [row.split(" ||| ")[1] for row in capsys.readouterr().out.splitlines()]
+    translator = Translator.from_run_dir(run, precision="32-true")
+    best = [hyps[0] for hyps in translator.translate(["haus mann katze", "hund blau im park"], 1,
+                                                     need_attn=True)]
+    assert rows == [pharaoh(word_alignment(attention_matrix(t.attention, 0, 1), t.source[:-1], t.pieces))
+                    for t in best]
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--attention-layer", "5"], "no attention layer 5 / head mean in this model"),
+    (["--attention-head", "all"], "--alignment reads one head or the heads' mean"),
+    (["--attention-kind", "encoder"], "--attention-kind chooses what --plot-attention DIR draws"),
+    (["--attention-kind", "encoder", "--plot-attention", "pics"], "--alignment reads the cross-attention"),
+])
+def test_alignment_options_that_cannot_work_fail_at_once(run, tmp_path, monkeypatch, capsys,
+                                                          options, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Translator, "from_run_dir", None)  # opening it would be a TypeError
+    (tmp_path / "in.txt").write_text("haus mann katze\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(run), "--input", "in.txt", "--alignment",
+                 *options]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
 def test_attention_panels_name_their_layer_and_head():
     from nmt.plots import attention_panels
 

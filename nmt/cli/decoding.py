@@ -73,18 +73,21 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
                                 f"(default {BUFFER_LINES}; 1: each line as it arrives)")
     translate.add_argument("--alignment", action="store_true",
                            help="append each translation's word alignment, read off its "
-                                "cross-attention: 'text ||| 0-0 1-2 ...' (source-target words)")
+                                "cross-attention: 'text ||| 0-0 1-2 ...' (source-target words; "
+                                "Transformer: the last layer's mean over heads, or "
+                                "--attention-layer and --attention-head)")
     translate.add_argument("--plot-attention", type=path_option, metavar="DIR",
                            help="write a heatmap PNG of each sentence's attention to DIR")
     translate.add_argument("--attention-kind", choices=("cross", "encoder", "decoder"),
                            help="with --plot-attention: cross-attention (default), or the "
                                 "Transformer's encoder or decoder self-attention")
     translate.add_argument("--attention-layer", type=int,
-                           help="with --plot-attention, Transformer: which layer, from 0 "
-                                "(default -1, the last)")
+                           help="with --plot-attention or --alignment, Transformer: which layer, "
+                                "from 0 (default -1, the last)")
     translate.add_argument("--attention-head",
-                           help="with --plot-attention, Transformer: mean over heads (default), a "
-                                "head number from 0, or all (one panel each)")
+                           help="with --plot-attention or --alignment, Transformer: mean over "
+                                "heads (default), a head number from 0, or (pictures) all, one "
+                                "panel each")
     evaluate = sub.choices["evaluate"]
     evaluate.add_argument("--split", help="train | val | test (default test)")
     evaluate.add_argument("--files", nargs=2, type=path_option, metavar=("SRC", "REF"),
@@ -297,27 +300,30 @@ def translate_chunk(translator, lines: list[str], first: int, args: argparse.Nam
     if args.nbest > 1:
         rows = moses_nbest(results, first_id=first - 1)
     elif args.alignment:
-        rows = [f"{hyps[0].text} ||| {aligned(hyps[0])}" for hyps in results]
+        rows = [f"{hyps[0].text} ||| {aligned(hyps[0], args.attention_layer, args.attention_head)}"
+                for hyps in results]
     else:
         rows = [hyps[0].text for hyps in results]
     return "".join(row + "\n" for row in rows)
 
 
-def aligned(translation) -> str:
-    """--alignment's pairs for a translation: from its cross-attention, the last layer's mean
-    over heads for a Transformer (``nmt.alignment``); none for an empty line."""
+def aligned(translation, layer: int = -1, head: str = "mean") -> str:
+    """--alignment's pairs for a translation: from its cross-attention, for a Transformer
+    ``layer``'s mean over heads or one head (``nmt.alignment``); none for an empty line."""
     from nmt.alignment import pharaoh, word_alignment
     from nmt.attention_stats import attention_matrix
 
     if translation.attention is None:
         return ""
-    weights = attention_matrix(translation.attention)  # (T + 1, S + 1)
+    one_head = None if head == "mean" else int(head)
+    weights = attention_matrix(translation.attention, layer, one_head)  # (T + 1, S + 1)
     return pharaoh(word_alignment(weights, translation.source[:-1], translation.pieces))
 
 
 def picture_options(args: argparse.Namespace) -> None:
-    """--attention-kind, -layer and -head choose what --plot-attention draws: without it they
-    are an error (they would be ignored), with it the ones not given take their defaults."""
+    """--attention-kind, -layer and -head choose what --plot-attention draws, and -layer and
+    -head which cross-attention --alignment reads: without them they are an error (they would
+    be ignored), with them the ones not given take their defaults."""
     if args.plot_attention is not None and args.ensemble:
         raise NMTError("--plot-attention draws one model's attention: translate with that run "
                        "alone, without --ensemble")
@@ -325,20 +331,31 @@ def picture_options(args: argparse.Namespace) -> None:
         raise NMTError("--alignment reads one model's attention: translate with that run alone, "
                        "without --ensemble")
     given = [name for name in PICTURE_DEFAULTS if getattr(args, name) is not None]
-    if given and args.plot_attention is None:
-        option = "--" + given[0].replace("_", "-")
-        raise NMTError(f"{option} chooses what --plot-attention DIR draws: give both, or neither")
+    for name in given:
+        read_by_alignment = args.alignment and name != "attention_kind"
+        if args.plot_attention is None and not read_by_alignment:
+            option = "--" + name.replace("_", "-")
+            if name == "attention_kind":
+                raise NMTError(f"{option} chooses what --plot-attention DIR draws: give both, or neither")
+            raise NMTError(f"{option} chooses what --plot-attention DIR draws or --alignment reads: "
+                           "give one of those with it, or leave it out")
+    if args.alignment and args.attention_kind not in (None, "cross"):
+        raise NMTError("--alignment reads the cross-attention: --attention-kind "
+                       f"{args.attention_kind} would draw another beside it; leave one out")
+    if args.alignment and args.attention_head == "all":
+        raise NMTError("--alignment reads one head or the heads' mean: --attention-head all "
+                       "draws each head and takes --plot-attention alone")
     for name, default in PICTURE_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
 
 
 def check_picture_choice(args: argparse.Namespace) -> None:
-    """--attention-kind, -layer and -head (with --plot-attention) checked against the run's
-    model before it loads and --precision auto times it (seconds, more for an ensemble): a
-    layer it lacks was an error only after that. The layout is read from the model its
-    config builds on the meta device (no weights); an export's is CTranslate2's one map."""
-    if args.plot_attention is None:
+    """--attention-kind, -layer and -head (with --plot-attention or --alignment) checked against
+    the run's model before it loads and --precision auto times it (seconds, more for an
+    ensemble): a layer it lacks was an error only after that. The layout is read from the model
+    its config builds on the meta device (no weights); an export's is CTranslate2's one map."""
+    if args.plot_attention is None and not args.alignment:
         return
     from nmt.attention_stats import attention_layout, shape_model
     from nmt.plots import check_attention_choice
