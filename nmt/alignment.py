@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nmt.attention_stats import attention_matrix
+
 WORD_START = "\u2581"  # SentencePiece's "▁"
 
 
@@ -51,3 +53,15 @@ def word_alignment(weights: Tensor, source: list[str], target: list[str]) -> lis
 def pharaoh(pairs: list[tuple[int, int]]) -> str:
     """``0-0 1-2 ...``: source-target word pairs as fast_align and Moses write them."""
     return " ".join(f"{i}-{j}" for i, j in pairs)
+
+
+def aligned(translation, layer: int = -1, head: str = "mean") -> str:
+    """The Pharaoh pairs of a translation (``nmt.translator.Translation``, decoded with its
+    attention), as ``translate --alignment`` and ``serve``'s ``"alignment"`` give them: from its
+    cross-attention, for a Transformer ``layer``'s mean over heads or one head; "" for an
+    empty line."""
+    if translation.attention is None:
+        return ""
+    one_head = None if head == "mean" else int(head)
+    weights = attention_matrix(translation.attention, layer, one_head)  # (T + 1, S + 1)
+    return pharaoh(word_alignment(weights, translation.source[:-1], translation.pieces))

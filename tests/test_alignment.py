@@ -38,7 +38,7 @@ def test_an_empty_translation_or_source_has_no_pairs():
 def test_a_transformers_alignment_reads_the_chosen_layer_and_head():
     """--alignment reads the last layer's mean over heads unless --attention-layer and
     --attention-head choose another (which layer aligns best varies by model)."""
-    from nmt.cli.decoding import aligned
+    from nmt.alignment import aligned
     from nmt.translator import Translation
 
     crossed, straight = torch.tensor([[0.1, 0.9], [0.9, 0.1]]), torch.eye(2)

@@ -173,6 +173,25 @@ def test_attention_matrix_with_pieces(server, runs):
         assert len(row) == len(view["source"]) and sum(row) == pytest.approx(1.0, abs=1e-2)
 
 
+def test_alignments_are_what_translate_alignment_writes(server, runs, tmp_path, capsys):
+    """"alignment": true answers each text's word pairs, in order, "" for an empty text: the
+    pairs nmt translate --alignment writes after " ||| " for the same run, texts and beam; with
+    "nbest" too, the best translation's (translate refuses --nbest there: its rows are Moses')."""
+    _, paths, sentences = runs
+    texts = sentences[:5] + [""]
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(paths[1]), "--input", str(source), "--beam", "2",
+                 "--precision", "32-true", "--weights", "best.ckpt", "--alignment"]) == 0
+    rows = [row.split(" ||| ") for row in capsys.readouterr().out.splitlines()]
+    for extra in ({}, {"nbest": 2}):
+        status, answer = request(server + "/translate", {"text": texts, "beam": 2, "model": "second",
+                                                         "alignment": True, **extra})
+        assert status == 200 and "attention" not in answer
+        assert [[t, a] for t, a in zip(answer["translations"], answer["alignments"])] == rows
+    assert rows[-1] == ["", ""] and any(pairs for _, pairs in rows[:-1])
+
+
 @pytest.mark.parametrize("body,message", [
     ({"beam": 2}, "missing field 'text'"),
     ({"text": None}, "'text' must be a list of strings"),
@@ -186,6 +205,7 @@ def test_attention_matrix_with_pieces(server, runs):
     ({"text": ["x"], "beam": 2.5}, "'beam' must be an integer from 1 to 16, got 2.5"),
     ({"text": ["x"], "beam": 0.0}, "'beam' must be an integer from 1 to 16, got 0.0"),
     ({"text": ["x"], "attention": 1}, "'attention' must be true or false"),
+    ({"text": ["x"], "alignment": "yes"}, "'alignment' must be true or false, got \"yes\""),
     ({"text": ["x"], "model": "third"}, 'unknown model "third"; served: "first", "second"'),
     ({"text": ["x"], "model": "modèle"}, 'unknown model "modèle"'),  # as sent, not \\u00e8
     ({"text": ["x"], "txet": 1}, 'unknown field "txet"'),
@@ -748,7 +768,7 @@ def test_serve_prints_a_url_that_opens(runs, capsys, monkeypatch, host, url):
 def test_an_ensemble_is_served_as_one_model(runs):
     """serve --checkpoint first --ensemble second: one model, named first, that translates as
     translate --ensemble does; /info counts both runs' parameters; asked for attention, it
-    answers null (the attention would be the first run's alone)."""
+    answers null (the attention would be the first run's alone), and alignments it refuses."""
     from nmt.serve.api import TranslationAPI
     from nmt.serve.models import model_info
 
@@ -762,6 +782,9 @@ def test_an_ensemble_is_served_as_one_model(runs):
     answer = api._translate_group([job])[0]
     assert answer["translations"] == expected(ensemble, sentences[:4], 2)
     assert answer["attention"] == [None] * 4
+    rejected = api.decode_request({"text": sentences[:1], "alignment": True})
+    assert rejected.message.startswith("'alignment' reads one model's attention, and this server "
+                                       "decodes an ensemble") and rejected.status == 400
     info = model_info("first", first, "torch", [second])
     assert (info["family"], info["attention"]) == ("ensemble", None)
     assert [(m["name"], m["family"], m["attention"]) for m in info["members"]] == [

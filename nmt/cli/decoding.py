@@ -300,24 +300,13 @@ def translate_chunk(translator, lines: list[str], first: int, args: argparse.Nam
     if args.nbest > 1:
         rows = moses_nbest(results, first_id=first - 1)
     elif args.alignment:
+        from nmt.alignment import aligned
+
         rows = [f"{hyps[0].text} ||| {aligned(hyps[0], args.attention_layer, args.attention_head)}"
                 for hyps in results]
     else:
         rows = [hyps[0].text for hyps in results]
     return "".join(row + "\n" for row in rows)
-
-
-def aligned(translation, layer: int = -1, head: str = "mean") -> str:
-    """--alignment's pairs for a translation: from its cross-attention, for a Transformer
-    ``layer``'s mean over heads or one head (``nmt.alignment``); none for an empty line."""
-    from nmt.alignment import pharaoh, word_alignment
-    from nmt.attention_stats import attention_matrix
-
-    if translation.attention is None:
-        return ""
-    one_head = None if head == "mean" else int(head)
-    weights = attention_matrix(translation.attention, layer, one_head)  # (T + 1, S + 1)
-    return pharaoh(word_alignment(weights, translation.source[:-1], translation.pieces))
 
 
 def picture_options(args: argparse.Namespace) -> None:

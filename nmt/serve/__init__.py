@@ -3,15 +3,17 @@
 A thin adapter around ``Translator`` (or ``ctranslate2_translator.CTranslate2Translator``).
 LitServe runs one inference worker; requests that arrive within ``BATCH_TIMEOUT`` seconds of
 each other (up to ``max_batch`` of them) reach ``predict`` together, and the texts of all those
-that ask for the same model, beam, attention and nbest are decoded in one ``translate`` call:
-one batched beam search per length bucket.
+that ask for the same model, beam, attention (or alignment) and nbest are decoded in one
+``translate`` call: one batched beam search per length bucket.
 
-    POST /translate  {"text": ["...", ...], "beam": 5, "attention": false, "model": NAME,
-                      "nbest": 1} (all but text optional; null, as a field left out, is the default)
+    POST /translate  {"text": ["...", ...], "beam": 5, "attention": false, "alignment": false,
+                      "model": NAME, "nbest": 1}
+                     (all but text optional; null, as a field left out, is the default)
         -> {"model": NAME, "translations": ["...", ...],
             "nbest": [[{"text": "...", "score": -0.61}, ...], ...],  # if nbest > 1, best first
             "attention": [{"source": [...], "target": [...], "weights": [[...]]}, ...],  # if asked
                                                                # (each null for an ensemble)
+            "alignments": ["0-0 1-1 ...", ...],  # if asked: the best translation's word pairs
             "warnings": ["text 2 has 900 pieces; truncated to 511"]}                       # if any
     GET /health      "ok" once the worker is ready (LitServe's)
     GET /info        {"model": {"models": [{name, family, attention, src_lang, tgt_lang,

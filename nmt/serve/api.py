@@ -1,5 +1,5 @@
 """LitServe's view of our translators (``TranslationAPI``): requests decoded, batched by
-model, beam and attention, translated, answered."""
+model, beam, attention and nbest, translated, answered."""
 
 import logging
 import signal
@@ -10,6 +10,7 @@ import litserve
 from fastapi.responses import JSONResponse, Response
 from litserve.loops.simple_loops import SingleLoop
 
+from nmt.alignment import aligned
 from nmt.attention_stats import attention_matrix
 from nmt.data.tokenizer import EOS_PIECE
 from nmt.engines import load_translator
@@ -62,6 +63,9 @@ class TranslationAPI(litserve.LitAPI):
 
     def decode_request(self, request: RequestBody) -> Job | Rejected:
         job = parse_request(request, list(self.runs), self.default_beam)
+        if isinstance(job, Job) and job.alignment and self.ensemble:
+            return Rejected("'alignment' reads one model's attention, and this server decodes an "
+                            "ensemble: serve the run alone, without --ensemble")
         return self._measure(job) if isinstance(job, Job) else job
 
     def _measure(self, job: Job) -> Job | Rejected:
@@ -82,7 +86,8 @@ class TranslationAPI(litserve.LitAPI):
 
     def predict(self, items: list[Job | Rejected] | Job | Rejected
                 ) -> list[dict | Rejected] | dict | Rejected:
-        """Group the jobs by (model, beam, attention, nbest); one ``translate`` call per group.
+        """Group the jobs by (model, beam, whether they need the attention, nbest); one
+        ``translate`` call per group.
         With max_batch_size 1, LitServe hands over each request alone, and takes its answer."""
         if not isinstance(items, list):
             return self.predict([items])[0]
@@ -90,7 +95,7 @@ class TranslationAPI(litserve.LitAPI):
         groups: dict[tuple, list[int]] = {}
         for position, item in enumerate(items):
             if isinstance(item, Job):
-                key = (item.model, item.beam, item.attention, item.nbest)
+                key = (item.model, item.beam, item.attention or item.alignment, item.nbest)
                 groups.setdefault(key, []).append(position)
         for positions in groups.values():
             jobs = [items[p] for p in positions]
@@ -99,12 +104,13 @@ class TranslationAPI(litserve.LitAPI):
         return outputs
 
     def _translate_group(self, jobs: list[Job]) -> list[dict | Rejected]:
-        """One ``translate`` call for jobs sharing model, beam, attention and nbest; its answers are
-        split back in job order. A failure fails these jobs only, not the whole batch."""
+        """One ``translate`` call for jobs sharing model, beam, the need for attention and nbest;
+        its answers are split back in job order. A failure fails these jobs only, not the whole
+        batch."""
         texts = [text for job in jobs for text in job.texts]
         first = jobs[0]
         # An ensemble's answers carry no attention: it would be its first run's alone.
-        need_attn = first.attention and not self.ensemble
+        need_attn = (first.attention or first.alignment) and not self.ensemble
         try:
             results = self.translators[first.model].translate(  # warnings: in each answer
                 texts, first.beam, first.nbest, need_attn=need_attn, warn=False)
@@ -129,6 +135,8 @@ class TranslationAPI(litserve.LitAPI):
                                for hyps in results]
         if job.attention:
             answer["attention"] = [attention_view(t) for t in best]
+        if job.alignment:
+            answer["alignments"] = [aligned(t) for t in best]
         if job.warnings:
             answer["warnings"] = job.warnings
         return answer

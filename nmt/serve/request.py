@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 from starlette.exceptions import HTTPException
 
-FIELDS = ("text", "beam", "attention", "model", "nbest")
+FIELDS = ("text", "beam", "attention", "alignment", "model", "nbest")
 MAX_TEXTS = 64  # texts per request: more would hold up everyone batched with it
 MAX_PIECES = 4096  # source pieces per request (after truncation), for the same reason
 MAX_BEAM = 16
@@ -45,6 +45,7 @@ class Job:
     attention: bool
     model: str
     nbest: int = 1  # translations per text, best first
+    alignment: bool = False  # the best translation's word pairs, as translate --alignment's
     warnings: list[str] = field(default_factory=list)  # texts cut to the model's length
 
 
@@ -65,7 +66,7 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
         return Rejected(f"unknown field {quoted(unknown[0])}; valid fields: {', '.join(FIELDS)}")
     texts, beam = body.get("text"), optional(body, "beam", default_beam)
     attention, model = optional(body, "attention", False), optional(body, "model", models[0])
-    nbest = optional(body, "nbest", 1)
+    nbest, alignment = optional(body, "nbest", 1), optional(body, "alignment", False)
     if "text" not in body:
         return Rejected("missing field 'text': a list of strings to translate")
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
@@ -82,11 +83,12 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
     if type(whole_nbest) is not int or not 1 <= whole_nbest <= whole_beam:
         return Rejected(f"'nbest' must be an integer from 1 to the beam ({whole_beam}), got "
                         f"{quoted(nbest)}")
-    if not isinstance(attention, bool):
-        return Rejected(f"'attention' must be true or false, got {quoted(attention)}")
+    for name, flag in (("attention", attention), ("alignment", alignment)):
+        if not isinstance(flag, bool):
+            return Rejected(f"'{name}' must be true or false, got {quoted(flag)}")
     if model not in models:
         return Rejected(f"unknown model {quoted(model)}; served: {', '.join(map(quoted, models))}")
-    return Job(texts, whole_beam, attention, model, whole_nbest)
+    return Job(texts, whole_beam, attention, model, whole_nbest, alignment=alignment)
 
 
 def optional(body: dict, key: str, default: Any) -> Any:
