@@ -1583,3 +1583,34 @@ def test_version_names_nmt_its_commit_and_its_libraries(capsys):
     assert out.startswith(f"nmt {nmt.__version__}") and out.count("\n") == 1
     assert f"torch {torch.__version__}" in out and "lightning " in out and "Python 3." in out
     assert code_commit() is None or f"(commit {code_commit()})" in out
+
+
+def test_prepare_list_tells_the_prepared_folders_apart(tmp_path, capsys):
+    """prepare --list: every folder under <data_dir>/prepared/ with its pairs, vocabulary and
+    size, the config's marked; a half-built folder and one without meta.json are listed as
+    such; a config whose folder is not there yet says so. Nothing is prepared."""
+    files = write_corpus(tmp_path)
+    data = tmp_path / "data"
+    config = ["--config", "configs/transformer.yaml", f"data.train_files=[{','.join(files['train'])}]",
+              f"data.val_files=[{','.join(files['val'])}]", f"data.data_dir={data}"]
+    for lines in ("200", "null"):  # null: all of them
+        assert main(["prepare", *config, "data.vocab_size=100", f"data.train_lines={lines}"]) == 0
+    folders = sorted(path.name for path in (data / "prepared").iterdir())
+    (data / "prepared" / f"{folders[0]}.tmp-host-123").mkdir()
+    (data / "prepared" / "copied-by-hand").mkdir()
+    capsys.readouterr()
+    assert main(["prepare", *config, "data.vocab_size=100", "data.train_lines=200", "--list"]) == 0
+    rows = {row.split(" | ")[1]: row for row in capsys.readouterr().out.splitlines()
+            if row.startswith("| ") and " | " in row[2:]}
+    assert len(rows) == 5  # the header, 2 prepared folders, the half-built and the odd one
+    marked = [name for name, row in rows.items() if row.startswith("| * |")]
+    assert len(marked) == 1 and "| 200 / " in rows[marked[0]] and "| prepared |" in rows[marked[0]]
+    other, = set(folders) - set(marked)
+    pairs = len(Path(files["train"][0]).read_text(encoding="utf-8").splitlines())
+    assert f"| {pairs:,} / " in rows[other] and " MB | " in rows[other]
+    assert "being built" in rows[f"{folders[0]}.tmp-host-123"]
+    assert "no meta.json" in rows["copied-by-hand"]
+    assert main(["prepare", *config, "data.vocab_size=90", "--list"]) == 0
+    assert "is not prepared yet" in capsys.readouterr().out.splitlines()[-1]
+    assert sorted(path.name for path in (data / "prepared").iterdir()) == sorted(
+        [*folders, f"{folders[0]}.tmp-host-123", "copied-by-hand"])  # nothing prepared

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nmt.cli.options import (
     TRAIN_FLAGS,
@@ -13,7 +15,11 @@ from nmt.cli.options import (
     path_option,
     positive_int,
 )
+from nmt.errors import NMTError
 from nmt.processes import CELL_PARENT, RANK_PARENT, die_with_parent, named_to_children
+
+if TYPE_CHECKING:
+    from nmt.config import DataConfig
 
 
 def add_train(sub: argparse._SubParsersAction) -> None:
@@ -74,6 +80,9 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
                              "too when needed)", epilog="Any config key: --section.key VALUE.")
     prepare.set_defaults(run_command=cmd_prepare, takes_overrides=True)
     prepare.add_argument("--config", type=path_option, help="YAML config, e.g. configs/transformer.yaml")
+    prepare.add_argument("--list", action="store_true",
+                         help="prepare nothing: list the prepared folders of the config's "
+                              "data_dir (pairs, vocabulary, size, date), the config's marked")
     add_train_flags(prepare, ("train_lines", "src_lang", "tgt_lang"))
 
 
@@ -86,7 +95,39 @@ def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
     config = load_config(args.config, overrides)
     check_data_config(config)  # as train does: --train-lines -5 would cut lines off the end
     absolute_file_paths(config)  # the folder named as train names it
+    if args.list:
+        list_prepared(config.data)
+        return
     print(f"prepared corpus: {prepare(config.data)}")
+
+
+def list_prepared(data: DataConfig) -> None:
+    """``nmt prepare --list``: one row per prepared folder, the one ``data`` uses marked "*";
+    its folder is found as prepare finds it, without preparing (a Hub corpus' is found where
+    its files are cached or reachable; else the list comes without the mark)."""
+    from nmt.data.corpus import split_sources
+    from nmt.data.prepare import prepared_dir, prepared_folders
+
+    try:
+        mine = prepared_dir(data, split_sources(data)).name
+    except NMTError as err:
+        mine, why = None, f"this config's folder is unknown: {err}"
+    rows = prepared_folders(data.data_dir)
+    if rows:
+        print("| | folder | train / val / test pairs | vocab | size | prepared | state |")
+        print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        pairs = " / ".join(f"{row['pairs'].get(split, 0):,}" for split in ("train", "val", "test")) \
+            if row["pairs"] else ""
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["when"]))
+        print(f"| {'*' if row['name'] == mine else ''} | {row['name']} | {pairs} | "
+              f"{row['vocab'] or ''} | {row['bytes'] / 2**20:,.1f} MB | {when} | {row['state']} |")
+    if mine is None:
+        print(why)
+    elif mine not in {row["name"] for row in rows}:
+        print(f"this config's folder, {mine}, is not prepared yet: nmt prepare or nmt train makes it")
+    else:
+        print(f"* the folder this config uses; {len(rows)} in {Path(data.data_dir) / 'prepared'}")
 
 
 def add_compare(sub: argparse._SubParsersAction) -> None:

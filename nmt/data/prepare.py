@@ -321,3 +321,28 @@ def load_side(folder: Path, split: str, lang: str) -> Ragged:
     # numpy cannot map an empty file
     ids = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
     return Ragged(ids, np.cumsum(lengths) - lengths, lengths)
+
+
+def prepared_folders(data_dir: str | Path) -> list[dict]:
+    """What ``<data_dir>/prepared/`` holds, for ``nmt prepare --list``: per folder its name,
+    state (prepared; being built, or left by a build that was killed; no meta.json), pairs
+    per split and vocabulary size (from meta.json), bytes on disk and when it was prepared."""
+    rows = []
+    root = Path(data_dir) / "prepared"
+    for folder in sorted(root.iterdir() if root.is_dir() else (), key=lambda p: p.name):
+        if not folder.is_dir():  # <folder>.lock and <folder>.failed beside the folders
+            continue
+        meta, row = folder / "meta.json", {"name": folder.name, "pairs": None, "vocab": None}
+        row["bytes"] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        row["when"] = (meta if meta.is_file() else folder).stat().st_mtime
+        if ".tmp-" in folder.name:
+            row["state"] = "being built, or left by a build that was stopped"
+        elif not meta.is_file():
+            row["state"] = "no meta.json: not a complete prepared folder"
+        else:
+            with suppress(OSError, ValueError, AttributeError):  # damaged: listed without them
+                info = json.loads(meta.read_text(encoding="utf-8"))
+                row["pairs"], row["vocab"] = info.get("pairs"), info.get("vocab_size")
+            row["state"] = "prepared" if row["pairs"] is not None else "meta.json unreadable"
+        rows.append(row)
+    return rows
