@@ -1,10 +1,11 @@
 """Word alignments read off cross-attention: ``nmt translate --alignment``.
 
 Each target word is aligned to the source word its attention weighs most, the way fairseq's
-``--print-alignment`` and Marian's ``--alignment hard`` read them (for a Transformer, the last
-decoder layer's weights averaged over its heads, as those tools take by default; CTranslate2
-gives the same map). Words are SentencePiece's: a piece that starts with "▁" starts a word,
-so the words are the text's, split at whitespace. With pieces ``p`` of word ``w``:
+``--print-alignment`` and Marian's ``--alignment hard`` read them (for a Transformer, by
+default the last decoder layer's weights averaged over its heads, as those tools take them, and
+CTranslate2 gives them; ``--attention-layer`` and ``--attention-head`` choose another map).
+Words are SentencePiece's: a piece that starts with "▁" starts a word, so the words are the
+text's, split at whitespace. With pieces ``p`` of word ``w``:
 
     mass[t, w] = sum over source pieces p of word w of weights[t, p]   (all its pieces' weight)
     votes[v, w] = sum over target pieces t of word v of mass[t, w]      (each piece votes)
@@ -16,10 +17,15 @@ of fast_align and Moses, in target order.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from nmt.attention_stats import attention_matrix
+
+if TYPE_CHECKING:
+    from nmt.translator import Translation
 
 WORD_START = "\u2581"  # SentencePiece's "▁"
 
@@ -55,13 +61,14 @@ def pharaoh(pairs: list[tuple[int, int]]) -> str:
     return " ".join(f"{i}-{j}" for i, j in pairs)
 
 
-def aligned(translation, layer: int = -1, head: str = "mean") -> str:
-    """The Pharaoh pairs of a translation (``nmt.translator.Translation``, decoded with its
-    attention), as ``translate --alignment`` and ``serve``'s ``"alignment"`` give them: from its
-    cross-attention, for a Transformer ``layer``'s mean over heads or one head; "" for an
-    empty line."""
+def aligned(translation: Translation, layer: int = -1, head: str = "mean") -> str:
+    """The Pharaoh pairs of a translation decoded with its attention, as ``translate
+    --alignment`` and ``serve``'s ``"alignment"`` give them: from its cross-attention, for a
+    Transformer ``layer``'s mean over heads or one head (``head``: "mean" or a head number, as
+    ``--attention-head`` takes it); "" for an empty line."""
     if translation.attention is None:
         return ""
     one_head = None if head == "mean" else int(head)
-    weights = attention_matrix(translation.attention, layer, one_head)  # (T + 1, S + 1)
+    # in fp32 before the mean over heads: bf16 weights could round a near tie the other way
+    weights = attention_matrix(translation.attention.float(), layer, one_head)  # (T + 1, S + 1)
     return pharaoh(word_alignment(weights, translation.source[:-1], translation.pieces))

@@ -246,7 +246,8 @@ def test_alignment_takes_the_layer_and_head_options(run, tmp_path, capsys):
     (tmp_path / "in.txt").write_text("haus mann katze\nhund blau im park\n", encoding="utf-8")
     command = ["translate", "--checkpoint", str(run), "--input", str(tmp_path / "in.txt"),
                "--beam", "1", "--precision", "32-true", "--alignment"]
-    assert main([*command, "--attention-layer", "0", "--attention-head", "1"]) == 0
+    assert main([*command, "--attention-layer", "0", "--attention-head", "1",
+                 "--attention-kind", "cross"]) == 0  # the map the pairs read: accepted
     rows = [row.split(" ||| ")[1] for row in capsys.readouterr().out.splitlines()]
     translator = Translator.from_run_dir(run, precision="32-true")
     best = [hyps[0] for hyps in translator.translate(["haus mann katze", "hund blau im park"], 1,
@@ -257,9 +258,9 @@ def test_alignment_takes_the_layer_and_head_options(run, tmp_path, capsys):
 
 @pytest.mark.parametrize("options,message", [
     (["--attention-layer", "5"], "no attention layer 5 / head mean in this model"),
-    (["--attention-head", "all"], "--alignment reads one head or the heads' mean"),
-    (["--attention-kind", "encoder"], "--attention-kind chooses what --plot-attention DIR draws"),
-    (["--attention-kind", "encoder", "--plot-attention", "pics"], "--alignment reads the cross-attention"),
+    (["--attention-head", "all"], "--attention-head all draws one panel per head, for --plot-attention"),
+    (["--attention-kind", "encoder"], "--alignment always reads the cross-attention"),
+    (["--attention-kind", "decoder", "--plot-attention", "pics"], "--alignment always reads the cross"),
 ])
 def test_alignment_options_that_cannot_work_fail_at_once(run, tmp_path, monkeypatch, capsys,
                                                           options, message):

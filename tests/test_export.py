@@ -79,6 +79,12 @@ def test_an_export_aligns_words_as_ours(run, exported, sources, tmp_path, capsys
         assert main(["translate", *options, "--input", str(source), "--beam", "1", "--alignment"]) == 0
         rows.append(capsys.readouterr().out.splitlines())
     assert rows[0] == rows[1] and all(" ||| " in row for row in rows[0])
+    # its one map is the last layer's mean: "layer 0" or "head 0" would have been that map, relabelled
+    for option in (["--attention-layer", "0"], ["--attention-head", "0"]):
+        assert main(["translate", "--checkpoint", str(exported), "--engine", "ctranslate2", "--input",
+                     str(source), "--alignment", *option]) == 1
+        err = capsys.readouterr().err
+        assert "CTranslate2 gives one attention map" in err and err.count("\n") == 1
 
 
 def test_a_hypothesis_that_ends_itself_keeps_its_eos_attention_row(exported):

@@ -311,8 +311,8 @@ def translate_chunk(translator, lines: list[str], first: int, args: argparse.Nam
 
 def picture_options(args: argparse.Namespace) -> None:
     """--attention-kind, -layer and -head choose what --plot-attention draws, and -layer and
-    -head which cross-attention --alignment reads: without them they are an error (they would
-    be ignored), with them the ones not given take their defaults."""
+    -head which cross-attention map --alignment reads: given without the option that reads
+    them they are an error (they would be ignored); the ones not given take their defaults."""
     if args.plot_attention is not None and args.ensemble:
         raise NMTError("--plot-attention draws one model's attention: translate with that run "
                        "alone, without --ensemble")
@@ -320,20 +320,19 @@ def picture_options(args: argparse.Namespace) -> None:
         raise NMTError("--alignment reads one model's attention: translate with that run alone, "
                        "without --ensemble")
     given = [name for name in PICTURE_DEFAULTS if getattr(args, name) is not None]
+    if args.alignment and args.attention_kind not in (None, "cross"):
+        raise NMTError("--alignment always reads the cross-attention: --attention-kind "
+                       f"{args.attention_kind} is for --plot-attention without --alignment")
+    if args.alignment and args.attention_head == "all":
+        raise NMTError("--attention-head all draws one panel per head, for --plot-attention "
+                       "without --alignment: give mean or a head number")
     for name in given:
-        read_by_alignment = args.alignment and name != "attention_kind"
-        if args.plot_attention is None and not read_by_alignment:
+        if args.plot_attention is None and not args.alignment:
             option = "--" + name.replace("_", "-")
             if name == "attention_kind":
                 raise NMTError(f"{option} chooses what --plot-attention DIR draws: give both, or neither")
             raise NMTError(f"{option} chooses what --plot-attention DIR draws or --alignment reads: "
                            "give one of those with it, or leave it out")
-    if args.alignment and args.attention_kind not in (None, "cross"):
-        raise NMTError("--alignment reads the cross-attention: --attention-kind "
-                       f"{args.attention_kind} would draw another beside it; leave one out")
-    if args.alignment and args.attention_head == "all":
-        raise NMTError("--alignment reads one head or the heads' mean: --attention-head all "
-                       "draws each head and takes --plot-attention alone")
     for name, default in PICTURE_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -349,6 +348,10 @@ def check_picture_choice(args: argparse.Namespace) -> None:
     from nmt.attention_stats import attention_layout, shape_model
     from nmt.plots import check_attention_choice
 
+    if args.engine != "torch" and (args.attention_layer != -1 or args.attention_head not in ("mean", "all")):
+        # its one map is the last layer's mean over heads: "layer 0" would be that map, mislabelled
+        raise NMTError("an export translated with CTranslate2 gives one attention map, the last "
+                       "layer's mean over heads: no --attention-layer or --attention-head to pick")
     model = shape_model(run_config(args.checkpoint).model) if args.engine == "torch" else None
     layers, heads = attention_layout(model, args.attention_kind)
     check_attention_choice(layers, heads, args.attention_layer, args.attention_head)
