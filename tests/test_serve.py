@@ -576,7 +576,9 @@ def test_page_and_script_are_served(server):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)")
 def test_web_page_translates_and_draws_heatmaps(server, runs, tmp_path):
-    """Headless Chromium: pick both models, translate, see both translations and heatmaps."""
+    """Headless Chromium: pick both models, translate, see both translations, their word
+    alignments (each target word beside its source word, as the server's pairs say) and
+    heatmaps."""
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
     translators, _, sentences = runs
     with sync_playwright() as playwright:
@@ -593,6 +595,16 @@ def test_web_page_translates_and_draws_heatmaps(server, runs, tmp_path):
             want = expected(translators[name], sentences[:1], 1)[0]
             assert card.locator(".translation").inner_text() == want
             assert card.locator(".meta").inner_text().startswith("transformer, scaled_dot attention, ")
+            _, answer = request(server + "/translate", {"text": sentences[:1], "beam": 1,
+                                                        "alignment": True, "model": name})
+            src, tgt = sentences[0].split(), want.split(" ")
+            pairs = [p.split("-") for p in answer["alignments"][0].split()]
+            if want:  # the first tiny run's; the second's translation is empty: no pairs shown
+                assert len(pairs) == len(tgt)
+                assert card.locator(".alignment span").all_inner_texts() == \
+                    [f"{tgt[int(j)]} \u2190 {src[int(i)]}" for i, j in pairs]
+            else:
+                assert pairs == [] and card.locator(".alignment").count() == 0
             # Shaded cells: bluish pixels (neither the white background nor the grey text).
             blue = card.locator("canvas").evaluate(
                 "c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"

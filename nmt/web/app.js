@@ -1,5 +1,6 @@
 // The page: list the served models (GET /info), translate the sentence with each chosen
-// model (POST /translate with attention), and draw each model's attention as a heatmap.
+// model (POST /translate with attention and alignment), draw each model's attention as a
+// heatmap and list the word pairs read off it.
 "use strict";
 
 const CELL = 22;  // pixels per attention cell
@@ -22,11 +23,14 @@ async function loadModels() {
   return info.model.models;
 }
 
+// An ensemble has no one attention to align with (the server refuses "alignment" for it).
 async function translateWith(model, text, beam) {
+  const alignment = !model.members;
   const response = await fetch("/translate", {
     method: "POST",
     headers: {"Content-Type": "application/json"},
-    body: JSON.stringify({text: [text], beam: beam, attention: true, model: model}),
+    body: JSON.stringify({text: [text], beam: beam, attention: true, alignment: alignment,
+                          model: model.name}),
   });
   const answer = await response.json();
   if (!response.ok) throw new Error(answer.error || response.statusText);
@@ -76,7 +80,23 @@ function describe(model) {
   return `an ensemble of ${runs.join(" and ")} (no attention drawn)`;
 }
 
-function card(model, answer) {
+// "i-j" pairs (source word i, target word j, as translate --alignment writes them) as a
+// list of "target word <- source word", in target order; words are split at whitespace.
+function alignmentList(pairs, source, translation) {
+  const src = source.trim().split(/\s+/), tgt = translation.split(" ");
+  const list = document.createElement("div");
+  list.className = "alignment";
+  list.title = "each target word and the source word its attention weighs most";
+  pairs.split(" ").filter((p) => p).forEach((p) => {
+    const [i, j] = p.split("-").map(Number);
+    const pair = document.createElement("span");
+    pair.textContent = `${tgt[j]} \u2190 ${src[i]}`;
+    list.appendChild(pair);
+  });
+  return list;
+}
+
+function card(model, answer, source) {
   const div = document.createElement("div");
   div.className = "card";
   div.dataset.model = model.name;
@@ -85,6 +105,9 @@ function card(model, answer) {
   div.querySelector(".meta").textContent =
     `${describe(model)}, ${model.parameters.toLocaleString()} parameters, ${model.engine}`;
   div.querySelector(".translation").textContent = answer.translations[0];
+  if (answer.alignments && answer.alignments[0]) {
+    div.appendChild(alignmentList(answer.alignments[0], source, answer.translations[0]));
+  }
   (answer.warnings || []).forEach((w) => {  // e.g. a text cut to the model's length
     const p = document.createElement("p");
     p.className = "warning";
@@ -114,12 +137,13 @@ async function run(models) {
     return;
   }
   status.textContent = "translating...";
-  const answers = await Promise.allSettled(chosen.map((name) => translateWith(name, text, beam)));
+  const picked = chosen.map((name) => models.find((m) => m.name === name));
+  const answers = await Promise.allSettled(picked.map((model) => translateWith(model, text, beam)));
   if (thisRun !== latestRun) return;
   answers.forEach((a, i) => {
-    const model = models.find((m) => m.name === chosen[i]);
+    const model = picked[i];
     if (a.status === "fulfilled") {
-      results.appendChild(card(model, a.value));
+      results.appendChild(card(model, a.value, text));
     } else {
       const p = document.createElement("p");
       p.className = "error";
