@@ -25,11 +25,10 @@ async function loadModels() {
 
 // An ensemble has no one attention to align with (the server refuses "alignment" for it).
 async function translateWith(model, text, beam) {
-  const alignment = !model.members;
   const response = await fetch("/translate", {
     method: "POST",
     headers: {"Content-Type": "application/json"},
-    body: JSON.stringify({text: [text], beam: beam, attention: true, alignment: alignment,
+    body: JSON.stringify({text: [text], beam: beam, attention: true, alignment: !model.members,
                           model: model.name}),
   });
   const answer = await response.json();
