@@ -22,12 +22,28 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 # same one-line error. Read by huggingface_hub and datasets when first imported (below).
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+
+
+def pin_to_this_workers_cores() -> None:
+    """Under pytest-xdist (``-n N``), keep each worker and the processes it starts on its own
+    share of the cores: most tests wait on one-threaded work (imports, subprocesses), which N
+    workers overlap, but two workers' torch threads on the same cores slowed each other."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
+    if count > 1 and len(cores) >= count:
+        worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+        os.sched_setaffinity(0, cores[worker::count])
+
+
+pin_to_this_workers_cores()
+
 import torch  # noqa: E402
 
 from nmt.data.batching import collate  # noqa: E402
-from nmt.models import build_model
+from nmt.memory import usable_cpus  # noqa: E402
+from nmt.models import build_model  # noqa: E402
 
-torch.set_num_threads(2)
+torch.set_num_threads(min(2, usable_cpus()))
 
 SYMBOLS = list(range(4, 14))  # ids 0-3 are PAD, UNK, BOS, EOS
 REPO = Path(__file__).resolve().parent.parent

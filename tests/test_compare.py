@@ -560,22 +560,55 @@ def test_heatmap_of_known_alignment_has_shape_and_labels():
     plt.close(fig)
 
 
-def test_cost_is_benched_per_scorer_and_tabled(study, capsys):
+def test_cost_is_benched_per_scorer_baselines_first_and_tabled(study, monkeypatch):
+    """compare --cost benches each (family, scorer) of the main group once, the baselines
+    first, and tables the numbers under the cells'. What nmt bench answers is made up here:
+    test_cost_is_read_from_what_nmt_bench_measures runs the real one."""
+    from nmt import study_cost
     from nmt.compare import load_compare_config
-    from nmt.study_cost import measure_cost
 
     run, out, _, folder = study
+    asked = []
+
+    def bench(arguments):  # a summary of each kind, with an MFU of its own for each training
+        asked.append(arguments)
+        if arguments[0] == "attention":
+            rows = [{"scorer": name, "length": n, "ms": 0.01 * n, "peak_mb": 0.5}
+                    for name in ("dot", "additive_deep") for n in (16, 32)]
+            return {"rows": rows, "batch": 2, "heads": 4, "head_dim": 32}
+        return {**dict.fromkeys(study_cost.TRAIN_KEYS, 1), "mfu": 0.1 * len(asked)}
+
+    monkeypatch.setattr(study_cost, "_bench", bench)
     cfg = load_compare_config(str(folder / "compare.yaml"))
-    cost = measure_cost(cfg, "a", out / "a", steps=2, warmup=1, max_len=32)
+    cost = study_cost.measure_cost(cfg, "a", out / "a", steps=2, warmup=1, max_len=32)
     assert [(r["family"], r["attention"]) for r in cost["train"]] == [
         ("rnn", "additive"), ("transformer", "scaled_dot"), ("rnn", "dot")]  # baselines first
-    assert all(r["tgt_tok_per_s"] > 0 and r["precision"] and 0 < r["mfu"] for r in cost["train"])
-    assert {r["scorer"] for r in cost["attention"]["rows"]} >= {"additive_deep", "symmetric"}
+    assert [arguments[:3] for arguments in asked] == [
+        ["train", "--config", cfg.families[family]] for family in ("rnn", "transformer", "rnn")
+    ] + [["attention", "--max-len", "32"]]
     assert run("a", "--tables-only") == 0
-    table = (out / "a" / "compare.md").read_text()
-    assert "### cost" in table and "| transformer | scaled_dot |" in table.split("### cost")[1]
-    assert f"| {cost['train'][0]['mfu']} |" in table.split("### cost")[1]  # the MFU column
-    assert cost["options"] == [] and "### cost (`nmt bench train`, 2 steps each, quiet" in table
+    table = (out / "a" / "compare.md").read_text().split("### cost")[1]
+    assert "| transformer | scaled_dot |" in table and "| 0.2 |" in table  # the MFU column
+    assert cost["options"] == [] and table.startswith(" (`nmt bench train`, 2 steps each, quiet")
+
+
+def test_cost_is_read_from_what_nmt_bench_measures(study, tmp_path):
+    """compare --cost with the real nmt bench, a process for each bench: preset "b"'s one
+    scorer; its summaries carry every field the cost file and its table read."""
+    from nmt.compare import load_compare_config
+    from nmt.study_cost import measure_cost
+    from nmt.study_report import cost_table
+
+    _, _, _, folder = study
+    cost = measure_cost(load_compare_config(str(folder / "compare.yaml")), "b", tmp_path, steps=2,
+                        warmup=1, max_len=32)
+    [row] = cost["train"]
+    assert (row["family"], row["attention"]) == ("rnn", "additive")
+    assert row["tgt_tok_per_s"] > 0 and 0 < row["mfu"] and row["precision"] == "32-true"
+    assert None not in row.values() and row["device"].startswith("CPU: ")
+    assert {r["scorer"] for r in cost["attention"]["rows"]} >= {"additive_deep", "symmetric"}
+    assert (tmp_path / "figures" / "cost_attention.png").is_file()
+    assert f"| rnn | additive | {row['tgt_tok_per_s']} |" in cost_table(tmp_path / "cost.json", [])
 
 
 def test_cost_names_the_options_it_was_benched_with(tmp_path):
