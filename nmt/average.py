@@ -14,10 +14,9 @@ from pathlib import Path
 
 import torch
 
-from nmt.callbacks import RunCheckpoint
 from nmt.config import existing_run_dir
 from nmt.errors import NMTError, first_line
-from nmt.files import refuse_export, remove_empty, save_atomic
+from nmt.files import refuse_export, save_atomic
 from nmt.run_identity import IDENTITY_KEY, LOADED_WRONGLY, check_identity, identity_of_run
 from nmt.translator import final_weights_of
 
@@ -197,42 +196,3 @@ def check_not_run_file(run: Path, target: Path, out: Path) -> None:
     if inside:  # a new file, but of a name the run's own files may take (logs, eval)
         raise NMTError(f"--out {out} is inside the run {run}, where only a new .ckpt may go; "
                        "name a .ckpt, or a file outside the run")
-
-
-class KeepLastCheckpoints(RunCheckpoint):
-    """Keeps the newest ``n`` validation checkpoints as RUN/steps/step<global step>.ckpt (ranked
-    by step: the oldest is deleted first), saved at validations as last.ckpt is; ``n`` 0
-    keeps none.
-
-    A resumed run takes its record of kept files from the folder, not from the checkpoint:
-    last.ckpt is written before this callback saves at the same validation, so its record
-    misses the newest file, which was then never deleted. Files past the newest ``n`` are
-    deleted then, also where ``n`` was lowered on resume, to 0 too (and the emptied folder):
-    an earlier segment's files left there were averaged by a later ``nmt average`` as if
-    they were the run's last checkpoints.
-    """
-
-    def __init__(self, run_dir: str | Path, n: int):
-        super().__init__(dirpath=Path(run_dir) / STEPS_DIR, filename="step{step}",
-                         monitor="step", mode="max", save_top_k=n,
-                         auto_insert_metric_name=False, enable_version_counter=False,
-                         save_on_train_epoch_end=False)
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        super().on_train_start(trainer, pl_module)
-        files = step_checkpoints(Path(self.dirpath).parent)
-        kept = files[-self.save_top_k:] if self.save_top_k else []  # [-0:] is all of them
-        deleted = files[: len(files) - len(kept)]
-        for path in deleted:
-            trainer.strategy.remove_checkpoint(path)  # on rank 0
-        if deleted and trainer.is_global_zero:  # said: the user's files, which nmt average took
-            print(f"trainer.keep_last_checkpoints {self.save_top_k}: deleted "
-                  f"{', '.join(path.name for path in deleted)} (kept in {self.dirpath} by an "
-                  "earlier segment)")
-        if files and not kept and trainer.is_global_zero:
-            remove_empty([Path(self.dirpath)])
-        self.best_k_models = {str(path): torch.tensor(step_of(path)) for path in kept}
-        if kept:
-            self.best_model_path, self.best_model_score = str(kept[-1]), self.best_k_models[str(kept[-1])]
-        if kept and len(kept) == self.save_top_k:
-            self.kth_best_model_path, self.kth_value = str(kept[0]), self.best_k_models[str(kept[0])]

@@ -1,13 +1,14 @@
 """Lightning callbacks of a training run: an EMA of the weights, the end of a budget,
-checkpoints and early stopping that resume as the run was (moved, or with a new patience),
-dropout chosen by the epochs the budget buys, the signals that stop a run, and a progress
-bar that knows a resumed epoch."""
+checkpoints and early stopping that resume as the run was (moved, or with a new patience), the
+last N checkpoints kept for ``nmt average``, dropout chosen by the epochs the budget buys, the
+signals that stop a run, and a progress bar that knows a resumed epoch."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -15,6 +16,8 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, TQDMProg
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from nmt.average import STEPS_DIR, step_checkpoints, step_of
+from nmt.files import remove_empty
 from nmt.schedules import budget_horizon, steps_per_epoch
 
 
@@ -116,6 +119,45 @@ class RunCheckpoint(ModelCheckpoint):
         if before and self.dirpath and before != self.dirpath:
             state_dict = moved_paths(state_dict, before, self.dirpath)
         super().load_state_dict(state_dict)
+
+
+class KeepLastCheckpoints(RunCheckpoint):
+    """Keeps the newest ``n`` validation checkpoints as RUN/steps/step<global step>.ckpt (ranked
+    by step: the oldest is deleted first), saved at validations as last.ckpt is; ``n`` 0
+    keeps none.
+
+    A resumed run takes its record of kept files from the folder, not from the checkpoint:
+    last.ckpt is written before this callback saves at the same validation, so its record
+    misses the newest file, which was then never deleted. Files past the newest ``n`` are
+    deleted then, also where ``n`` was lowered on resume, to 0 too (and the emptied folder):
+    an earlier segment's files left there were averaged by a later ``nmt average`` as if
+    they were the run's last checkpoints.
+    """
+
+    def __init__(self, run_dir: str | Path, n: int):
+        super().__init__(dirpath=Path(run_dir) / STEPS_DIR, filename="step{step}",
+                         monitor="step", mode="max", save_top_k=n,
+                         auto_insert_metric_name=False, enable_version_counter=False,
+                         save_on_train_epoch_end=False)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        files = step_checkpoints(Path(self.dirpath).parent)
+        kept = files[-self.save_top_k:] if self.save_top_k else []  # [-0:] is all of them
+        deleted = files[: len(files) - len(kept)]
+        for path in deleted:
+            trainer.strategy.remove_checkpoint(path)  # on rank 0
+        if deleted and trainer.is_global_zero:  # said: the user's files, which nmt average took
+            print(f"trainer.keep_last_checkpoints {self.save_top_k}: deleted "
+                  f"{', '.join(path.name for path in deleted)} (kept in {self.dirpath} by an "
+                  "earlier segment)")
+        if files and not kept and trainer.is_global_zero:
+            remove_empty([Path(self.dirpath)])
+        self.best_k_models = {str(path): torch.tensor(step_of(path)) for path in kept}
+        if kept:
+            self.best_model_path, self.best_model_score = str(kept[-1]), self.best_k_models[str(kept[-1])]
+        if kept and len(kept) == self.save_top_k:
+            self.kth_best_model_path, self.kth_value = str(kept[0]), self.best_k_models[str(kept[0])]
 
 
 def moved_paths(value, before: str, now: str):

@@ -24,9 +24,9 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_only
 
-from nmt.average import KeepLastCheckpoints
 from nmt.callbacks import (
     DropoutForBudget,
+    KeepLastCheckpoints,
     PatientEarlyStopping,
     ResumingProgressBar,
     RunCheckpoint,
