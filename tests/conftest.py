@@ -31,7 +31,8 @@ def pin_to_this_workers_cores() -> None:
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
     if count > 1 and len(cores) >= count:
-        worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+        # gw0, gw1, ...; a worker started in place of one that died gets the next number
+        worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")) % count
         os.sched_setaffinity(0, cores[worker::count])
 
 
