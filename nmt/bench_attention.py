@@ -1,7 +1,7 @@
 """``nmt bench attention``: each attention scorer alone, forward and backward, as the source
 and target length grows, one fresh process per point (its peak memory its own). This module
-imports torch and the scorers alone, so that each point's process starts in about a second
-(nmt.bench imports Lightning: 4 s a point on the AMD EPYC Zen 5)."""
+imports torch and the scorers alone: each point's process is forked from a server that has
+imported it once (``point_processes``)."""
 
 from __future__ import annotations
 
@@ -19,28 +19,36 @@ from nmt.memory import limit_data_growth, peak_memory_mb
 
 
 def _time_scorer(name: str, length: int, batch: int, heads: int, head_dim: int,
-                 repeats: int, memory_limit_mb: float | None = None) -> dict:
-    """Runs in a fresh process: forward+backward time and the peak memory it adds. With
+                 repeats: int, threads: int, memory_limit_mb: float | None = None) -> dict:
+    """Runs in a fresh process: forward+backward time and the peak memory it adds, on
+    ``threads`` threads (the bench's: a forked process has its server's). With
     ``memory_limit_mb`` the process may allocate at most that much more (a failed allocation,
     not the kernel's OOM killer, then ends a point that does not fit)."""
+    torch.set_num_threads(threads)
     if memory_limit_mb is not None:
         torch.ones(1 << 20).mul_(2).sum()  # start the thread pool first: its stacks count too
         limit_data_growth(memory_limit_mb)
     torch.manual_seed(0)
     scorer = build_scorer(name, head_dim, head_dim, head_dim)
-    q, k, v = (torch.randn(batch, heads, length, head_dim, requires_grad=True) for _ in range(3))
 
-    def step() -> None:
+    def inputs(n: int) -> list[torch.Tensor]:  # q, k, v: (batch, heads, n, head_dim)
+        return [torch.randn(batch, heads, n, head_dim, requires_grad=True) for _ in range(3)]
+
+    def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         context, _ = scorer.attend(q, scorer.prepare_keys(k), v, None, need_weights=False)
         context.sum().backward()
 
+    # The kernels' code first, at length 2: the pages of torch's library it touches count in
+    # the resident memory once read (3-4 MB, more in a forked process), not as the scorer's.
+    step(*inputs(2))
+    q, k, v = inputs(length)
     before = peak_memory_mb()
-    step()  # warm-up; also reaches this size's peak memory
+    step(q, k, v)  # warm-up; also reaches this size's peak memory
     peak = peak_memory_mb() - before
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        step()
+        step(q, k, v)
         times.append(time.perf_counter() - start)
     return {"scorer": name, "length": length, "ms": round(1000 * min(times), 3),  # best of N
             "peak_mb": round(max(peak, 0.0), 1)}
@@ -76,12 +84,23 @@ def scorer_exponents(rows: list[dict]) -> dict[str, dict[str, float | None]]:
     return exponents
 
 
+def point_processes() -> multiprocessing.context.BaseContext:
+    """How a point's fresh process starts: forked from a server process that imported this
+    module (torch, the scorers) once, as each spawned process did anew (1-2 s a point on a
+    Zen 3: 49 points at the default --max-len); spawned where there is no fork server."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])  # where a fork server runs already: no effect
+    return context
+
+
 def _time_point(*args, measure=_time_scorer) -> dict:
     """``measure(*args)`` in a fresh process (so that its peak memory is its own); a point that
     runs out of memory, or whose process dies (the OOM killer), is a row with an error."""
     name, length = args[:2]
     try:
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(1, mp_context=point_processes()) as pool:
             return pool.submit(measure, *args).result()
     except BrokenProcessPool:  # (a RuntimeError too)
         why = "its process died"
@@ -106,7 +125,8 @@ def bench_attention(max_len: int = 1024, batch: int = 2, heads: int = 4, head_di
     rows = []
     for name in SCORERS:
         for n in lengths:
-            rows.append(_time_point(name, n, batch, heads, head_dim, repeats, memory_limit_mb))
+            rows.append(_time_point(name, n, batch, heads, head_dim, repeats,
+                                    torch.get_num_threads(), memory_limit_mb))
             if "error" in rows[-1]:  # a longer length would not fit either
                 break
     measured = [r for r in rows if "error" not in r]

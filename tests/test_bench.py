@@ -64,11 +64,11 @@ def test_bench_attention_keeps_the_rows_that_fit_in_memory(tmp_path, capsys, mon
     # length 128, the dot products' (B, H, T, S) ones do not; a point that fails ends its scorer,
     # not the bench. One scorer of each kind, additive first: each point is a fresh process, and
     # test_bench_attention runs every scorer.
-    # Two threads in each point's process: every thread's buffers count against the limit, and
-    # with 16 (an H200 machine's host) dot at 256 no longer fit in 40 MB (13.6 MB with 2 there).
+    # Each point's process runs the bench's threads (conftest.py: at most 2): every thread's
+    # buffers count against the limit, and with 16 (an H200 machine's host) dot at 256 no
+    # longer fit in 40 MB (13.6 MB with 2 there).
     from nmt import bench_attention
 
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setattr(bench_attention, "SCORERS", {name: SCORERS[name] for name in ("additive", "dot")})
     assert main(["bench", "attention", "--max-len", "256", "--memory-limit-mb", "40",
                  "--plot", ""]) == 0
