@@ -39,7 +39,8 @@ def _time_scorer(name: str, length: int, batch: int, heads: int, head_dim: int,
         context.sum().backward()
 
     # The kernels' code first, at length 2: the pages of torch's library it touches count in
-    # the resident memory once read (3-4 MB, more in a forked process), not as the scorer's.
+    # the resident memory once read (6-8 MB in a spawned process, more in a forked one), not as
+    # the scorer's.
     step(*inputs(2))
     q, k, v = inputs(length)
     before = peak_memory_mb()
@@ -87,7 +88,7 @@ def scorer_exponents(rows: list[dict]) -> dict[str, dict[str, float | None]]:
 def point_processes() -> multiprocessing.context.BaseContext:
     """How a point's fresh process starts: forked from a server process that imported this
     module (torch, the scorers) once, as each spawned process did anew (1-2 s a point on a
-    Zen 3: 49 points at the default --max-len); spawned where there is no fork server."""
+    Zen 3: 42 points at the default --max-len); spawned where there is no fork server."""
     if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
