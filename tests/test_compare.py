@@ -560,6 +560,22 @@ def test_heatmap_of_known_alignment_has_shape_and_labels():
     plt.close(fig)
 
 
+def made_up_bench(asked: list):
+    """A stand-in for ``nmt.study_cost._bench``: notes what nmt bench was asked (``asked``) and
+    answers a summary of the right shape, each training with an MFU of its own (0.1, 0.2, ...)."""
+    from nmt import study_cost
+
+    def bench(arguments: list[str]) -> dict:
+        asked.append(arguments)
+        if arguments[0] == "attention":
+            rows = [{"scorer": name, "length": n, "ms": 0.01 * n, "peak_mb": 0.5}
+                    for name in ("dot", "additive_deep") for n in (16, 32)]
+            return {"rows": rows, "batch": 2, "heads": 4, "head_dim": 32}
+        return {**dict.fromkeys(study_cost.TRAIN_KEYS, 1), "mfu": 0.1 * len(asked)}
+
+    return bench
+
+
 def test_cost_is_benched_per_scorer_baselines_first_and_tabled(study, monkeypatch):
     """compare --cost benches each (family, scorer) of the main group once, the baselines
     first, and tables the numbers under the cells'. What nmt bench answers is made up here:
@@ -569,16 +585,7 @@ def test_cost_is_benched_per_scorer_baselines_first_and_tabled(study, monkeypatc
 
     run, out, _, folder = study
     asked = []
-
-    def bench(arguments):  # a summary of each kind, with an MFU of its own for each training
-        asked.append(arguments)
-        if arguments[0] == "attention":
-            rows = [{"scorer": name, "length": n, "ms": 0.01 * n, "peak_mb": 0.5}
-                    for name in ("dot", "additive_deep") for n in (16, 32)]
-            return {"rows": rows, "batch": 2, "heads": 4, "head_dim": 32}
-        return {**dict.fromkeys(study_cost.TRAIN_KEYS, 1), "mfu": 0.1 * len(asked)}
-
-    monkeypatch.setattr(study_cost, "_bench", bench)
+    monkeypatch.setattr(study_cost, "_bench", made_up_bench(asked))
     cfg = load_compare_config(str(folder / "compare.yaml"))
     cost = study_cost.measure_cost(cfg, "a", out / "a", steps=2, warmup=1, max_len=32)
     assert [(r["family"], r["attention"]) for r in cost["train"]] == [
@@ -720,13 +727,7 @@ def test_cost_is_benched_with_the_command_lines_options_as_the_cells(study, monk
     monkeypatch.setattr(compare, "planned_jobs", lambda *args, **kwargs: plans.append(args) or
                         plan(*args, **kwargs))
 
-    def bench(arguments):  # what nmt bench would be asked, and a summary of the right shape
-        calls.append(arguments)
-        if arguments[0] == "attention":
-            return {"rows": [], "batch": 1, "heads": 1, "head_dim": 1}
-        return dict.fromkeys(study_cost.TRAIN_KEYS, 1)
-
-    monkeypatch.setattr(study_cost, "_bench", bench)
+    monkeypatch.setattr(study_cost, "_bench", made_up_bench(calls))
     # its own --out: a trial's option would replace the study's records (refused)
     assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", "b", "--out",
                  str(tmp_path / "b"), "--runs", str(tmp_path / "runs"), "--cost",
