@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from nmt.average import STEPS_DIR
 from nmt.config import DataConfig
 from nmt.data.corpus import check_file_languages, load_corpus, read_pairs
 from nmt.errors import NMTError
@@ -23,7 +24,6 @@ from nmt.metrics import score_corpus
 from nmt.provenance import device_name
 from nmt.translator import Translator, decoding_options
 
-KEPT_DIR = "steps"  # nmt.average.STEPS_DIR, not imported: it would import Lightning (1-2 s)
 # What greedy search (beam 1) leaves unused: its one hypothesis needs no length penalty to
 # rank it, and no margin to prune beside it (nmt.search.greedy_search takes neither)
 BEAM_ONLY = ("alpha", "prune_margin")
@@ -172,7 +172,7 @@ def eval_file_stem(split: str, beam: int, weights: str | None = None, alpha: flo
         path = Path(weights)
         # the run's own files by name: in it, or kept by training in steps/ (step<N>: unique);
         # a file in another folder, or outside the run, also by a hash of its path
-        own = not path.is_absolute() and path.parent in (Path("."), Path(KEPT_DIR))
+        own = not path.is_absolute() and path.parent in (Path("."), Path(STEPS_DIR))
         parts.append(path.stem + ("" if own else f"-{paths_hash([weights])}"))
     if alpha is not None:
         parts.append(f"alpha{alpha:g}")

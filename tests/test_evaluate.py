@@ -68,10 +68,8 @@ def test_weights_in_a_folder_of_the_run_never_share_the_kept_checkpoints_file_na
     """evaluate --weights old/step9.ckpt overwrote RUN/eval/test.beam5.step9.*, the scores of
     steps/step9.ckpt (and the other way round): both were named by the file's stem alone."""
     from nmt.average import STEPS_DIR
-    from nmt.evaluate import KEPT_DIR
 
-    assert KEPT_DIR == STEPS_DIR  # where training keeps them
-    kept = eval_file_stem("test", 5, weights="steps/step9.ckpt")
+    kept = eval_file_stem("test", 5, weights=f"{STEPS_DIR}/step9.ckpt")  # where training keeps them
     assert kept == "test.beam5.step9"  # the run's own: by name, as a file directly in it
     others = {eval_file_stem("test", 5, weights=f"{folder}/step9.ckpt") for folder in ("old", "new")}
     assert len(others | {kept}) == 3 and all(o.startswith("test.beam5.step9-") for o in others)
