@@ -35,6 +35,27 @@ def raise_stopped(signum: int, frame: object) -> NoReturn:
     raise Stopped(signum)
 
 
+def interrupt_behind(err: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt (Ctrl-C, or a signal raised as ``Stopped``) that ``err`` was raised while
+    handling, if any. A handler raises wherever the process is, inside a library too, and the
+    library's clean-up on the way out may fail on its half-built state and raise its own
+    error in place of the interrupt (OmegaConf: "AttributeError: 'NoneType' object has no
+    attribute '_invalidate_flags_cache'"): a stopped command then ended in that traceback.
+    An exception raised while the interrupt propagated keeps it in its chain (``__context__``,
+    kept even under ``raise ... from None``), and none raised after it was handled does."""
+    seen: set[int] = set()
+    chain: list[BaseException | None] = [err]
+    while chain:
+        link = chain.pop()
+        if link is None or id(link) in seen:
+            continue
+        if isinstance(link, KeyboardInterrupt):
+            return link
+        seen.add(id(link))
+        chain += [link.__cause__, link.__context__]
+    return None
+
+
 @contextmanager
 def stop_signals_by_default() -> Iterator[None]:
     """The signals that ``raise_stopped`` takes back to their default while the block runs:

@@ -35,7 +35,7 @@ from nmt.cli.decoding import input_chunks, open_input
 from nmt.config import load_config, save_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.module import prepare_data, split_dataset
-from nmt.errors import NMTError
+from nmt.errors import NMTError, Stopped
 from nmt.provenance import code_commit
 from nmt.translator import check_run_weights
 
@@ -1614,3 +1614,43 @@ def test_prepare_list_tells_the_prepared_folders_apart(tmp_path, capsys):
     assert "is not prepared yet" in capsys.readouterr().out.splitlines()[-1]
     assert sorted(path.name for path in (data / "prepared").iterdir()) == sorted(
         [*folders, f"{folders[0]}.tmp-host-123", "copied-by-hand"])  # nothing prepared
+
+
+def _cleanup_failing_on_a_stop(stop: KeyboardInterrupt, *args, **kwargs):
+    """A library that a stop's exception goes through, whose clean-up fails on the state the
+    stop left half-built (OmegaConf raised AttributeError so, in ``nmt bench data``)."""
+    half_built = None
+    try:
+        raise stop  # the signal's handler, raising wherever the process was
+    finally:
+        half_built._invalidate_flags_cache()
+
+
+@pytest.mark.parametrize("stop, status, line", [
+    (Stopped(signal.SIGTERM), 143, "stopped by SIGTERM"),
+    (Stopped(signal.SIGHUP), 129, "stopped by SIGHUP"),
+    (KeyboardInterrupt(), 130, "interrupted"),
+])
+def test_a_library_error_raised_as_a_stop_went_through_it_is_the_stop(monkeypatch, capsys, tmp_path,
+                                                                      stop, status, line):
+    """A command stopped by SIGTERM in the middle of OmegaConf ended in an AttributeError
+    traceback, exit 1; it is the stop's line and status."""
+    monkeypatch.setattr("nmt.bench_data.bench_data",
+                        lambda *args, **kwargs: _cleanup_failing_on_a_stop(stop))
+    assert main(["bench", "data", "--dir", str(tmp_path)]) == status
+    assert capsys.readouterr().err == line + "\n"
+
+
+def test_an_error_raised_after_a_stop_was_handled_is_not_the_stop(monkeypatch, tmp_path):
+    """Only an error raised while the stop propagated is taken for it: one raised once a
+    stop was caught and dealt with is the bug it is, a traceback."""
+    def handled_then_failed(*args, **kwargs):
+        try:
+            raise Stopped(signal.SIGTERM)
+        except Stopped:
+            pass
+        raise AttributeError("a bug")
+
+    monkeypatch.setattr("nmt.bench_data.bench_data", handled_then_failed)
+    with pytest.raises(AttributeError, match="a bug"):
+        main(["bench", "data", "--dir", str(tmp_path)])

@@ -25,7 +25,7 @@ from nmt.cli.bench import add_bench
 from nmt.cli.decoding import add_average, add_decoding, add_export, add_serve
 from nmt.cli.options import HelpFormatter, dotted_overrides, named_overrides
 from nmt.cli.training import add_compare, add_prepare, add_train
-from nmt.errors import NMTError, Stopped, UsageError, raise_stopped
+from nmt.errors import NMTError, Stopped, UsageError, interrupt_behind, raise_stopped
 
 
 class Parser(argparse.ArgumentParser):
@@ -148,17 +148,28 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
             else:
                 args.run_command(args)
-    except NMTError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2 if isinstance(err, UsageError) else 1
-    except OSError as err:  # a file named on the command line that cannot be read or written
-        where = f"{err.filename}: " if err.filename else ""
-        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
-        return 1
-    except Stopped as stop:
+    except Exception as err:
+        if (stop := interrupt_behind(err)) is not None:  # a library's error as the stop went by
+            return interrupted(stop)
+        if isinstance(err, NMTError):
+            print(f"error: {err}", file=sys.stderr)
+            return 2 if isinstance(err, UsageError) else 1
+        if isinstance(err, OSError):  # a file named on the command line that cannot be read
+            where = f"{err.filename}: " if err.filename else ""  # or written
+            print(f"error: {where}{err.strerror or err}", file=sys.stderr)
+            return 1
+        raise
+    except KeyboardInterrupt as stop:
+        return interrupted(stop)
+    return 0
+
+
+def interrupted(stop: KeyboardInterrupt) -> int:
+    """The line and exit status of a command stopped by a signal: 128 + its number, as the
+    signal's default would, or 130 for Ctrl-C, whose message may say what follows (train:
+    how to resume)."""
+    if isinstance(stop, Stopped):
         print(f"stopped by {signal.Signals(stop.signum).name}", file=sys.stderr)
         return 128 + stop.signum
-    except KeyboardInterrupt as stop:  # a command may say what follows (train: how to resume)
-        print(f"interrupted: {stop}" if str(stop) else "interrupted", file=sys.stderr)
-        return 130
-    return 0
+    print(f"interrupted: {stop}" if str(stop) else "interrupted", file=sys.stderr)
+    return 130
