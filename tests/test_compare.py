@@ -1,12 +1,14 @@
 """``nmt compare`` end to end on a tiny study: records, reuse by resolved configuration,
-presets kept apart, tables rebuilt from records alone, significance from sacreBLEU and scipy;
+presets kept apart, tables rebuilt from records alone, significance from sacreBLEU and a paired t-test;
 and the attention heatmap of known weights."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,13 +17,13 @@ import torch
 import yaml
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
-from scipy.stats import ttest_rel
 
 from nmt.attention_stats import attention_matrix
 from nmt.cli import main
 from nmt.errors import NMTError
 from nmt.plots import draw_attention
 from nmt.provenance import code_commit
+from nmt.study_report import paired_t_test
 
 from .conftest import REPO, tiny_train_args, write_corpus
 
@@ -117,8 +119,8 @@ def test_compare_writes_records_tables_and_figures(study):
 
 
 def test_significance_is_sacrebleus_bootstrap_and_a_paired_t_test(study, monkeypatch):
-    """The p-values are sacreBLEU's and scipy's; the footnote gives the bootstrap's own
-    signature (it named BLEU's alone: not its resamples, nor their seed)."""
+    """The p-values are sacreBLEU's bootstrap and the seeds' paired t-test; the footnote gives
+    the bootstrap's own signature (it named BLEU's alone: not its resamples, nor their seed)."""
     _, out, files, _ = study
     monkeypatch.setenv("SACREBLEU_SEED", "12345")  # the seed the report pins
     cells = out / "a" / "cells"
@@ -143,7 +145,7 @@ def test_significance_is_sacrebleus_bootstrap_and_a_paired_t_test(study, monkeyp
         "their random seed) per seed" in footnote
     assert "Neither is corrected for multiple comparisons." in footnote  # dozens of tests
     a, b = [bleu(f"rnn_dot_seed{s}") for s in (1, 2)], [bleu(f"rnn_additive_seed{s}") for s in (1, 2)]
-    expected = 1.0 if a == b else round(float(ttest_rel(a, b).pvalue), 4)
+    expected = 1.0 if a == b else round(paired_t_test(a, b), 4)
     assert row["p_seeds"] == expected
 
 
@@ -1114,7 +1116,7 @@ def test_the_bootstrap_draws_with_the_projects_seed_whatever_sacrebleu_seed_says
 
 
 def test_a_difference_the_same_on_every_seed_has_no_t_test_p_value():
-    """Three seeds that differ from their baselines by the same BLEU gave p seeds 0.0 (scipy's
+    """Three seeds that differ from their baselines by the same BLEU gave p seeds 0.0 (the
     t-test of differences with no spread), a certainty three seeds cannot give."""
     from nmt.study_report import seed_test
 
@@ -1125,8 +1127,31 @@ def test_a_difference_the_same_on_every_seed_has_no_t_test_p_value():
     assert seed_test(cells(33.47, 33.75, 33.21), base, False) is None  # +0.38 each time
     assert seed_test(cells(32.09, 32.37, 31.83), base, False) is None  # -1.00 each time
     assert seed_test(cells(33.09, 33.37, 32.83), base, False) == 1.0  # no difference at all
-    expected = ttest_rel([33.47, 33.75, 33.31], [33.09, 33.37, 32.83]).pvalue  # +0.38, +0.38, +0.48
-    assert seed_test(cells(33.47, 33.75, 33.31), base, False) == round(float(expected), 4)
+    # +0.38, +0.38, +0.48: with 2 degrees of freedom, p = 1 - t / sqrt(2 + t^2)
+    t = statistics.mean([0.38, 0.38, 0.48]) / (statistics.stdev([0.38, 0.38, 0.48]) / math.sqrt(3))
+    assert seed_test(cells(33.47, 33.75, 33.31), base, False) == round(1 - t / math.sqrt(2 + t * t), 4)
+
+
+@pytest.mark.parametrize("degrees, t, p", [
+    (2, 4.303, 0.05), (2, 9.925, 0.01), (3, 3.182, 0.05), (4, 2.776, 0.05), (9, 2.262, 0.05),
+    (9, 3.250, 0.01)])
+def test_the_paired_t_test_gives_the_t_tables_two_sided_p(degrees, t, p):
+    """At the t table's critical values (3 decimals), the two-sided p the table names; the
+    differences are built to have that t statistic, either sign."""
+    spread = [i - degrees / 2 for i in range(degrees + 1)]  # mean 0
+    scale = statistics.stdev(spread) / math.sqrt(degrees + 1)
+    differences = [x + t * scale for x in spread]  # mean t * sd / sqrt(n)
+    for sign in (1, -1):
+        a = [10 + sign * d for d in differences]
+        assert paired_t_test(a, [10] * len(a)) == pytest.approx(p, abs=2e-4)
+
+
+def test_the_paired_t_test_of_one_degree_of_freedom_is_its_closed_form():
+    """Two seeds: p = 1 - 2 atan(|t|) / pi, the Cauchy distribution's."""
+    a, b = [31.2, 30.1], [30.0, 29.8]
+    d = [1.2, 0.3]
+    t = statistics.mean(d) / (statistics.stdev(d) / math.sqrt(2))
+    assert paired_t_test(a, b) == pytest.approx(1 - 2 * math.atan(t) / math.pi, abs=1e-12)
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])
