@@ -121,5 +121,8 @@ def stopped_cleanly() -> Iterator[None]:
         yield
     except KeyboardInterrupt:
         pass
+    except Exception as err:
+        if interrupt_behind(err) is None:  # else a library's error as the stop went through it
+            raise
     finally:
         signal.signal(signal.SIGTERM, previous)  # for a caller in the same process

@@ -35,7 +35,7 @@ from nmt.cli.decoding import input_chunks, open_input
 from nmt.config import load_config, save_config
 from nmt.data.batching import TokenBatchSampler
 from nmt.data.module import prepare_data, split_dataset
-from nmt.errors import NMTError, Stopped
+from nmt.errors import NMTError, Stopped, stopped_cleanly
 from nmt.provenance import code_commit
 from nmt.translator import check_run_weights
 
@@ -1654,3 +1654,12 @@ def test_an_error_raised_after_a_stop_was_handled_is_not_the_stop(monkeypatch, t
     monkeypatch.setattr("nmt.bench_data.bench_data", handled_then_failed)
     with pytest.raises(AttributeError, match="a bug"):
         main(["bench", "data", "--dir", str(tmp_path)])
+
+
+def test_a_stop_that_a_library_turned_into_its_error_is_a_servers_clean_end():
+    """A server's stop (SIGTERM, Ctrl-C) is its normal end, exit status 0, also where the
+    stop's exception went through a library that raised its own; a bug stays a traceback."""
+    with stopped_cleanly():
+        _cleanup_failing_on_a_stop(KeyboardInterrupt())
+    with pytest.raises(AttributeError, match="a bug"), stopped_cleanly():
+        raise AttributeError("a bug")
