@@ -3,8 +3,11 @@ sufficient statistics (so ranks of a distributed run can add theirs before scori
 
 from __future__ import annotations
 
+import logging
+
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.metrics.base import Score
+from sacrebleu.utils import sacrelogger
 
 SCORED_AT_ONCE = 10_000  # lines whose references' n-grams sacreBLEU holds at a time
 
@@ -15,13 +18,34 @@ def corpus_score(metric: BLEU | CHRF, hypotheses: list[str], references: list[st
     line (20,000 Multi30k lines: 428 MB; a million-line split, some 20 GB). A corpus score
     is computed from the sum of its lines' statistics, so it is the same when the two steps
     ``corpus_score`` runs are taken a part at a time (as sacreBLEU's significance tests call
-    them)."""
+    them). BLEU's warning of tokenized input (100 lines ending in " .") is said once, not
+    once a part."""
     metric._check_corpus_score_args(hypotheses, [references])
     statistics = []  # one list per line: sacreBLEU's input to the score
-    for start in range(0, len(hypotheses), SCORED_AT_ONCE):
-        part = slice(start, start + SCORED_AT_ONCE)
-        statistics += metric._extract_corpus_statistics(hypotheses[part], [references[part]])
+    said_once = OnceEach()
+    sacrelogger.addFilter(said_once)
+    try:
+        for start in range(0, len(hypotheses), SCORED_AT_ONCE):
+            part = slice(start, start + SCORED_AT_ONCE)
+            statistics += metric._extract_corpus_statistics(hypotheses[part], [references[part]])
+    finally:
+        sacrelogger.removeFilter(said_once)
     return metric._aggregate_and_compute(statistics)
+
+
+class OnceEach(logging.Filter):
+    """Lets each message through once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.said:
+            return False
+        self.said.add(message)
+        return True
 
 
 def score_corpus(hypotheses: list[str], references: list[str]) -> dict:

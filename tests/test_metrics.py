@@ -53,3 +53,17 @@ def test_lowercased_bleu_and_validations_statistics_in_parts_are_sacrebleus(corp
     whole = BLEU().corpus_score(hyps, [refs])
     assert bleu_statistics(hyps, refs) == [whole.sys_len, whole.ref_len, *whole.counts, *whole.totals]
     assert max(cached) == 10 and cached.count(3) == 6  # sacreBLEU's whole, ours in parts
+
+
+def test_the_warning_of_tokenized_input_is_said_once_not_once_a_part(monkeypatch, caplog):
+    """BLEU warns where 100 lines end in " ." (tokenized text); parts of 100 said it in each."""
+    monkeypatch.setattr(nmt.metrics, "SCORED_AT_ONCE", 100)
+    hyps = [line + " ." for line in sentences(250, 3)]  # parts of 100, 100, 50: two warn
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        score_corpus(hyps, sentences(250, 4))
+    said = [record.getMessage() for record in caplog.records]
+    assert said[0] == "That's 100 lines that end in a tokenized period ('.')"
+    assert len(said) == len(set(said)) == 3  # sacreBLEU's three lines, once
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        score_corpus(hyps, sentences(250, 4))
+    assert len(caplog.records) == 6  # said again by the next score: once each time
