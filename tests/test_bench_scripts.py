@@ -91,3 +91,15 @@ def test_a_learning_curve_of_no_run_is_one_line(monkeypatch, capsys, tmp_path):
     assert capsys.readouterr().err == ("error: runs/nope: no training logs there "
                                        "(logs/version_*/metrics.csv): give a run directory\n")
     assert not (tmp_path / "learning_curve.png").exists()
+
+
+def test_bench_scoring_memory_scores_both_ways_alike(monkeypatch, capsys, tmp_path):
+    """Each way in its own process; the same scores, and a file not found is one line."""
+    (tmp_path / "refs.txt").write_text("a dog runs on the grass .\ntwo cats sleep\nthe man waves\n")
+    argv = ["--lines", "40", "--file", str(tmp_path / "refs.txt")]
+    assert run_script(monkeypatch, "bench_scoring_memory.py", *argv) is None
+    rows = capsys.readouterr().out.splitlines()
+    assert [row.split(":")[0] for row in rows] == ["40 lines scored at once", "40 lines scored in parts"]
+    assert rows[0].split("s, ")[1] == rows[1].split("s, ")[1]  # "BLEU x, chrF y"
+    assert run_script(monkeypatch, "bench_scoring_memory.py", "--file", "nope.txt") == 1
+    assert capsys.readouterr().err == "error: nope.txt: No such file or directory\n"
