@@ -12,7 +12,6 @@ start, its time and its scores, which must be the same.
 from __future__ import annotations
 
 import argparse
-import gzip
 import itertools
 import json
 import resource
@@ -21,14 +20,14 @@ import sys
 import time
 
 from nmt.cli.options import positive_int
+from nmt.data.text_files import read_lines
 from nmt.errors import NMTError, run_script
 
 
-def read_lines(path: str, count: int) -> list[str]:
+def repeated_lines(path: str, count: int) -> list[str]:
+    """The file's lines, repeated up to ``count``."""
     try:
-        with gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else \
-                open(path, encoding="utf-8") as file:
-            lines = file.read().splitlines()
+        lines = [line for chunk in read_lines(path) for line in chunk]
     except OSError as err:
         raise NMTError(f"{path}: {err.strerror or err}") from None
     if not lines:
@@ -40,7 +39,7 @@ def measure(way: str, path: str, count: int) -> dict:
     """One way of scoring, in this process: its peak RSS growth, time and scores."""
     import nmt.metrics
 
-    references = read_lines(path, count)
+    references = repeated_lines(path, count)
     hypotheses = references[1:] + references[:1]
     if way == "at once":
         nmt.metrics.SCORED_AT_ONCE = count
@@ -62,7 +61,7 @@ def main() -> None:
     if args.way:
         print(json.dumps(measure(args.way, args.file, args.lines)))
         return
-    read_lines(args.file, 1)  # a missing file: one line, before any process starts
+    repeated_lines(args.file, 1)  # a missing file: one line, before any process starts
     for way in ("at once", "in parts"):
         child = subprocess.run([sys.executable, __file__, "--way", way, "--file", args.file,
                                 "--lines", str(args.lines)], capture_output=True, text=True)
