@@ -41,8 +41,12 @@ def interrupt_behind(err: BaseException) -> KeyboardInterrupt | None:
     library's clean-up on the way out may fail on its half-built state and raise its own
     error in place of the interrupt (OmegaConf: "AttributeError: 'NoneType' object has no
     attribute '_invalidate_flags_cache'"): a stopped command then ended in that traceback.
-    An exception raised while the interrupt propagated keeps it in its chain (``__context__``,
-    kept even under ``raise ... from None``), and none raised after it was handled does."""
+    An exception raised while the interrupt propagated, or while it was being handled (its
+    ``except`` and ``finally`` blocks), keeps it in its chain (``__context__``, kept even under
+    ``raise ... from None``); one raised once its handling is over does not. So a clean-up
+    that fails as a stop goes through is reported as the stop; and an ``except
+    KeyboardInterrupt`` block that means to say more raises a KeyboardInterrupt with the
+    message (as ``nmt.training.fit`` does), not another exception."""
     seen: set[int] = set()
     chain: list[BaseException | None] = [err]
     while chain:

@@ -18,8 +18,10 @@ def corpus_score(metric: BLEU | CHRF, hypotheses: list[str], references: list[st
     line (20,000 Multi30k lines: 428 MB; a million-line split, some 20 GB). A corpus score
     is computed from the sum of its lines' statistics, so it is the same when the two steps
     ``corpus_score`` runs are taken a part at a time (as sacreBLEU's significance tests call
-    them). BLEU's warning of tokenized input (100 lines ending in " .") is said once, not
-    once a part."""
+    them). BLEU's warning of tokenized input, said where 100 lines of a part end in " ." (of
+    the whole corpus, before), is said once, not once a part."""
+    if len(hypotheses) != len(references):  # sacreBLEU would score the shorter's length
+        raise ValueError(f"{len(hypotheses)} hypotheses against {len(references)} references")
     metric._check_corpus_score_args(hypotheses, [references])
     statistics = []  # one list per line: sacreBLEU's input to the score
     said_once = OnceEach()

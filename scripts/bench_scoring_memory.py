@@ -5,8 +5,8 @@
     python scripts/bench_scoring_memory.py [--lines 100000] [--file data/multi30k/train.en.gz]
 
 The references are the file's lines (repeated up to N), the hypotheses the same lines shifted
-by one: a low score with matches to count. Prints each way's peak RSS above the process's
-start, its time and its scores, which must be the same.
+by one: a low score with matches to count. Prints each way's peak RSS above the peak before
+scoring (imports and input read), its time and its scores, which must be the same.
 """
 
 from __future__ import annotations

@@ -67,3 +67,10 @@ def test_the_warning_of_tokenized_input_is_said_once_not_once_a_part(monkeypatch
     with caplog.at_level("WARNING", logger="sacrebleu"):
         score_corpus(hyps, sentences(250, 4))
     assert len(caplog.records) == 6  # said again by the next score: once each time
+
+
+def test_hypotheses_and_references_of_different_counts_are_refused():
+    """sacreBLEU scores the shorter list's length without a word, and a part with no
+    references changed the signature (nrefs:var)."""
+    with pytest.raises(ValueError, match="3 hypotheses against 2 references"):
+        score_corpus(["a", "b", "c"], ["a", "b"])
