@@ -7,6 +7,7 @@ Speeds are wall-clock on this machine; compare them as ratios measured in one ru
 from __future__ import annotations
 
 import logging
+import signal
 import tempfile
 import time
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -23,6 +25,7 @@ from nmt.data.batching import Batch, PairDataset, decoding_loader
 from nmt.data.module import TranslationDataModule, prepare_data
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.engines import check_engine_options
+from nmt.errors import Stopped
 from nmt.evaluate import split_pairs
 from nmt.files import refuse_export
 from nmt.memory import peak_memory_mb
@@ -145,7 +148,10 @@ def bench_train(config: Config, steps: int = 30, warmup: int = 5) -> dict:
     check_batches_per_process(datamodule, config, 1)  # none at all: as nmt train says it
     # Lightning's console lines come through its rank-zero logger (Python's logging)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(FIT_STOPPED)
-    trainer.fit(module, datamodule=datamodule)
+    try:
+        trainer.fit(module, datamodule=datamodule)
+    except SIGTERMException:  # Lightning's end of a SIGTERM, a bare SystemExit: exit status 0
+        raise Stopped(signal.SIGTERM) from None  # as any command stopped so: 143, one line
     device = trainer.strategy.root_device
     peak = matmul_peak_gflops(torch.float32, device)
     # Under bf16/fp16 the matmuls run in that type: utilisation against its peak too.

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 
 from nmt.attention import SCORERS
 from nmt.bench_attention import _time_point, growth_exponent, scorer_exponents
@@ -153,6 +154,33 @@ def test_bench_train(tiny, capsys, caplog):
     assert summary["mfu"] == pytest.approx(achieved / summary["precision_peak_gflops"], abs=0.002)
     assert summary["fp32_peak_utilisation"] == pytest.approx(achieved / summary["fp32_peak_gflops"],
                                                              abs=0.002)
+
+
+class SignalAtFirstStep(Callback):
+    """A stop (SIGTERM, Ctrl-C) arriving as the bench trains."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+
+    def on_train_batch_start(self, *args) -> None:
+        signal.raise_signal(self.signum)
+
+
+@pytest.mark.parametrize("signum, status, line", [
+    (signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")])
+def test_bench_train_stopped_says_so(tiny, capsys, monkeypatch, ctrl_c_raises, signum, status, line):
+    """Stopped by SIGTERM, bench train exited 0 without a word (Lightning's bare SystemExit),
+    as if it had measured; by Ctrl-C, 1 (Lightning's sys.exit(1))."""
+    import nmt.bench
+
+    made = nmt.bench.benchmark_trainer
+    monkeypatch.setattr(nmt.bench, "benchmark_trainer", lambda config, steps, callbacks, precision:
+                        made(config, steps, [*callbacks, SignalAtFirstStep(signum)], precision))
+    options, _ = tiny
+    capsys.readouterr()
+    assert main(["bench", "train", *options, "--steps", "3", "--warmup", "1"]) == status
+    out, err = capsys.readouterr()
+    assert err.splitlines()[-1] == line and "{" not in out  # no results
 
 
 @pytest.mark.parametrize("option, message", [

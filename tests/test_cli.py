@@ -1641,6 +1641,29 @@ def test_a_library_error_raised_as_a_stop_went_through_it_is_the_stop(monkeypatc
     assert capsys.readouterr().err == line + "\n"
 
 
+def lightnings_end_of_a_stop(stop: KeyboardInterrupt, *args, **kwargs):
+    """What ``trainer.fit`` does with a KeyboardInterrupt (Ctrl-C, or SIGTERM as ``Stopped``)."""
+    try:
+        raise stop
+    except KeyboardInterrupt:
+        sys.exit(1)  # its "graceful shutdown"
+
+
+@pytest.mark.parametrize("stop, status, line", [
+    (Stopped(signal.SIGTERM), 143, "stopped by SIGTERM"), (KeyboardInterrupt(), 130, "interrupted")])
+def test_lightnings_exit_on_a_stop_is_the_stop(monkeypatch, capsys, stop, status, line):
+    """Lightning's sys.exit(1) in trainer.fit, for the KeyboardInterrupt it caught (nmt bench
+    train's Ctrl-C exited 1, without a word of ours), is the stop; a sys.exit that no stop
+    caused stays what it was."""
+    monkeypatch.setattr("nmt.bench.bench_train", lambda *a, **k: lightnings_end_of_a_stop(stop))
+    config = str(REPO / "configs" / "transformer.yaml")
+    assert main(["bench", "train", "--config", config]) == status
+    assert capsys.readouterr().err == line + "\n"
+    monkeypatch.setattr("nmt.bench.bench_train", lambda *a, **k: sys.exit(3))
+    with pytest.raises(SystemExit, match="3"):
+        main(["bench", "train", "--config", config])
+
+
 def test_an_error_raised_after_a_stop_was_handled_is_not_the_stop(monkeypatch, tmp_path):
     """Only an error raised while the stop propagated is taken for it: one raised once a
     stop was caught and dealt with is the bug it is, a traceback."""

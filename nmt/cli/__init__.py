@@ -161,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except KeyboardInterrupt as stop:
         return interrupted(stop)
+    except SystemExit as end:  # Lightning's sys.exit(1) for a stop in trainer.fit (bench train)
+        if (stop := interrupt_behind(end)) is None:
+            raise
+        return interrupted(stop)
     return 0
 
 
