@@ -123,10 +123,8 @@ def stopped_cleanly() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         yield
-    except KeyboardInterrupt:
-        pass
-    except Exception as err:
-        if interrupt_behind(err) is None:  # else a library's error as the stop went through it
+    except BaseException as err:
+        if interrupt_behind(err) is None:  # else the stop, or an error raised as it went by
             raise
     finally:
         signal.signal(signal.SIGTERM, previous)  # for a caller in the same process

@@ -148,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
             else:
                 args.run_command(args)
-    except Exception as err:
-        if (stop := interrupt_behind(err)) is not None:  # a library's error as the stop went by
+    except BaseException as err:
+        # a stop; or an error, or Lightning's sys.exit(1) in trainer.fit, raised as one went by
+        if (stop := interrupt_behind(err)) is not None:
             return interrupted(stop)
         if isinstance(err, NMTError):
             print(f"error: {err}", file=sys.stderr)
@@ -159,12 +160,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {where}{err.strerror or err}", file=sys.stderr)
             return 1
         raise
-    except KeyboardInterrupt as stop:
-        return interrupted(stop)
-    except SystemExit as end:  # Lightning's sys.exit(1) for a stop in trainer.fit (bench train)
-        if (stop := interrupt_behind(end)) is None:
-            raise
-        return interrupted(stop)
     return 0
 
 
