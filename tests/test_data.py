@@ -435,19 +435,23 @@ def test_a_hub_folder_of_tsv_or_csv_files_reads_each_pair_as_written(tmp_path, s
     assert list(zip(*next(read_pairs(corpus.sources["train"])))) == [("a, b", '"A", B'), ("NULL", "")]
 
 
+@pytest.mark.parametrize("streaming", [False, True])
 def test_a_dataset_folders_file_replaced_with_its_size_and_time_kept_is_prepared_again(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, streaming):
     """A local dataset folder's train.tsv replaced by another text of the same size and
     modification time (cp -p, touch -r) reused the folder prepared from the old text, and
     datasets served the old text's rows from its cache: both know a local file by its path
     and modification time. The files' identity is now in the key, as named files' is, and
-    datasets prepares the rows again: a new folder, of the new text."""
+    datasets prepares the rows again: a new folder, of the new text. Read as a stream, the
+    folder was known by its name alone (a stream of the Hub has no fingerprint): any new
+    training text, of any size, kept the old ids."""
     monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", tmp_path / "hf_cache")
     files = write_corpus(tmp_path)
     pairs = list(zip(*(Path(path).read_text(encoding="utf-8").splitlines()
                        for path in files["train"])))
     hub = _tsv_folder(tmp_path / "hub", pairs)
-    cfg = DataConfig(data_dir=str(tmp_path / "data"), hub_dataset=str(hub), vocab_size=120)
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), hub_dataset=str(hub), vocab_size=120,
+                     hub_streaming=streaming)
     first = prepare(cfg)
     train = hub / "train.tsv"
     before = train.stat()
@@ -695,6 +699,9 @@ def test_a_text_changed_unseen_by_the_cache_is_not_scored_against_its_old_ids(tm
         cfg = DataConfig(data_dir=str(tmp_path / "data"), hub_dataset=str(hub),
                          hub_streaming=True, vocab_size=120)
         validation = hub / "validation.jsonl"
+        # a Hub dataset's files (hf://) are not on this machine: its key holds no identity of
+        # them, as if this folder were one
+        monkeypatch.setattr("nmt.data.hub._local_files", lambda config: {})
     else:
         cfg = _local_layout(tmp_path / "data", files)
         validation = tmp_path / "data" / "toy" / "val.en"

@@ -180,16 +180,18 @@ def _dataset_chunks(split: datasets.Dataset | datasets.IterableDataset, src: str
 def source_identity(source: Source) -> list:
     """What identifies a split's content for the cache: each file's ``file_identity`` (path,
     size, modification time and a sample of its bytes), a Hub dataset's fingerprint (with a
-    local dataset folder's files' identity: ``HubSplit``), or a stream's name and version.
-    What that cannot see (an edit of a large file between its sampled blocks, its size and
-    time kept; a stream revised under its name) ``nmt.data.prepare.check_prepared_text``
-    finds in the validation pairs, not in the training split."""
+    local dataset folder's files' identity: ``HubSplit``), or a stream's name and version
+    (with a local dataset folder's files' identity). What that cannot see (an edit of a large
+    file between its sampled blocks, its size and time kept; a Hub stream revised under its
+    name) ``nmt.data.prepare.check_prepared_text`` finds in the validation pairs, not in the
+    training split."""
     if isinstance(source, HubSplit):  # one entry: a dataset holds both sides
         fingerprint = source.rows._fingerprint
         return [[fingerprint, *source.local_files] if source.local_files else fingerprint]
     if isinstance(source, HubStream):
         info = source.rows.info
-        return [f"stream {source.name} {source.config} {source.split} {info.version} {info.dataset_size}"]
+        name = f"stream {source.name} {source.config} {source.split} {info.version} {info.dataset_size}"
+        return [[name, *source.local_files] if source.local_files else name]
     return [file_identity(path) for path in source]
 
 

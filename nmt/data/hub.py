@@ -55,7 +55,8 @@ class HubSplit:
 class HubStream:
     """A Hub split read as a stream: ``nmt prepare`` reads it twice (SentencePiece's sample,
     then the encoding) and never stores it whole. The cache knows it by name, configuration,
-    split and version: a stream has no fingerprint of its content."""
+    split and version: a stream has no fingerprint of its content; and a local dataset
+    folder's by its files' identity too (``local_files``, as HubSplit's)."""
 
     name: str
     config: str | None
@@ -64,6 +65,7 @@ class HubStream:
     src: str
     tgt: str
     row_files: RowFiles = RowFiles()  # as HubSplit's
+    local_files: tuple[FileIdentity, ...] = ()  # as HubSplit's
 
 
 @dataclass(frozen=True)
@@ -139,10 +141,10 @@ def from_hub(cfg: DataConfig, hub: HubDataset) -> dict[str, HubSplit | HubStream
     opened as streams."""
     name = hub_name(cfg)
     with _hub_errors(cfg):  # as datasets.load_dataset loads
+        local = _local_files(hub.builder.config)
         if cfg.hub_streaming:
-            splits, local = hub.builder.as_streaming_dataset(), {}
+            splits = hub.builder.as_streaming_dataset()
         else:
-            local = _local_files(hub.builder.config)
             _download_and_prepare(hub.builder, local)
             splits = hub.builder.as_dataset()
     corpus = {}
@@ -153,8 +155,9 @@ def from_hub(cfg: DataConfig, hub: HubDataset) -> dict[str, HubSplit | HubStream
             with stream_errors(name) if cfg.hub_streaming else nullcontext():  # reads its first rows
                 rows = _language_columns(splits[found], src, tgt, name)
             files = hub.row_files.get(found, RowFiles())
-            corpus[split] = HubStream(name, cfg.hub_config, found, rows, src, tgt, files) \
-                if cfg.hub_streaming else HubSplit(rows, src, tgt, files, local.get(found, ()))
+            identity = local.get(found, ())
+            corpus[split] = HubStream(name, cfg.hub_config, found, rows, src, tgt, files, identity) \
+                if cfg.hub_streaming else HubSplit(rows, src, tgt, files, identity)
     if "train" not in corpus or "val" not in corpus:
         raise NMTError(f"Hub dataset '{name}' lacks a train or validation split: {list(splits)}")
     return corpus
