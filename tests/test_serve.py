@@ -74,8 +74,19 @@ def request(url: str, body: bytes | dict | None = None, headers: dict | None = N
 
 
 def start_server(args: list[str], log: Path):
-    """``nmt serve`` in its own process group; returns (process, base URL) once healthy."""
-    port = free_port()
+    """``nmt serve`` in its own process group; returns (process, base URL) once healthy. A
+    port found free may be taken before the server listens on it (by a test of another
+    xdist worker): the server then says so and exits, and starts again on another."""
+    for _ in range(3):
+        process, url = start_server_on(free_port(), args, log)
+        if process is not None:
+            return process, url
+    pytest.fail(f"nmt serve found no free port in three tries: {log.read_text()[-2000:]}")
+
+
+def start_server_on(port: int, args: list[str], log: Path):
+    """(process, base URL) of ``nmt serve`` on ``port`` once healthy; (None, None) where
+    that port was taken."""
     process = subprocess.Popen(
         [sys.executable, "-m", "nmt", "serve", *args, "--port", str(port)],
         stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
@@ -87,6 +98,8 @@ def start_server(args: list[str], log: Path):
     deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
+            if f"cannot listen on 127.0.0.1:{port}: Address already in use" in log.read_text():
+                return None, None
             pytest.fail(f"nmt serve exited with {process.returncode}: {log.read_text()[-2000:]}")
         try:
             if request(url + "/health")[0] == 200:
