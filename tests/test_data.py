@@ -685,10 +685,27 @@ def test_a_streamed_hub_dataset_prepares_the_same_ids(tmp_path):
     assert json.loads((folders[True] / "meta.json").read_text())["pairs"]["train"] == 300
 
 
+def test_a_hub_streams_key_is_its_name_and_version_and_a_local_folders_adds_its_files(
+        tmp_path, monkeypatch):
+    """A Hub stream's key stays what it was (its name, configuration, split and version), so
+    the folders prepared from streams before are reused; a local dataset folder's stream adds
+    its files' identity, which its name alone did not give."""
+    from nmt.data.corpus import source_identity
+    from nmt.data.text_files import file_identity
+
+    hub = _hub_folder(tmp_path / "hub", write_corpus(tmp_path))
+    cfg = DataConfig(hub_dataset=str(hub), hub_streaming=True)
+    (name, *files), = source_identity(load_corpus(cfg).sources["train"])
+    assert name.startswith(f"stream {hub} None train ")
+    assert files == [file_identity(str(hub / "train.jsonl"))]
+    monkeypatch.setattr("nmt.data.hub._local_files", lambda config: {})  # files on hf://
+    assert source_identity(load_corpus(cfg).sources["train"]) == [name]
+
+
 @pytest.mark.parametrize("source", ["stream", "file"])
 def test_a_text_changed_unseen_by_the_cache_is_not_scored_against_its_old_ids(tmp_path, source,
                                                                              monkeypatch):
-    """A stream's cache key is its name and version, a file's its size, modification time
+    """A Hub stream's cache key is its name and version, a file's its size, modification time
     and a sample of its bytes: a dataset revised under the same name, or a file edited
     between its sampled blocks with its size and time kept, kept the prepared ids,
     and training scored validation BLEU of the old ids' sources against the new references.

@@ -55,8 +55,9 @@ class HubSplit:
 class HubStream:
     """A Hub split read as a stream: ``nmt prepare`` reads it twice (SentencePiece's sample,
     then the encoding) and never stores it whole. The cache knows it by name, configuration,
-    split and version: a stream has no fingerprint of its content; and a local dataset
-    folder's by its files' identity too (``local_files``, as HubSplit's)."""
+    split and version: a stream has no fingerprint of its content. A local dataset folder's
+    stream is known by its files' identity too (``local_files``, as HubSplit's): by its name
+    and version alone, a changed training file kept the ids prepared from the old text."""
 
     name: str
     config: str | None
