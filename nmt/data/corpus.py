@@ -185,14 +185,15 @@ def source_identity(source: Source) -> list:
     file between its sampled blocks, its size and time kept; a Hub stream revised under its
     name) ``nmt.data.prepare.check_prepared_text`` finds in the validation pairs, not in the
     training split."""
-    if isinstance(source, HubSplit):  # one entry: a dataset holds both sides
-        fingerprint = source.rows._fingerprint
-        return [[fingerprint, *source.local_files] if source.local_files else fingerprint]
-    if isinstance(source, HubStream):
+    if isinstance(source, tuple):
+        return [file_identity(path) for path in source]
+    if isinstance(source, HubSplit):
+        key = source.rows._fingerprint
+    else:
         info = source.rows.info
-        name = f"stream {source.name} {source.config} {source.split} {info.version} {info.dataset_size}"
-        return [[name, *source.local_files] if source.local_files else name]
-    return [file_identity(path) for path in source]
+        key = f"stream {source.name} {source.config} {source.split} {info.version} {info.dataset_size}"
+    # one entry: a dataset holds both sides
+    return [[key, *source.local_files] if source.local_files else key]
 
 
 def _named_files(cfg: DataConfig, needed: tuple[str, ...]) -> dict[str, Source]:
