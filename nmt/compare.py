@@ -199,7 +199,7 @@ def counts_in_key(option: str) -> bool:
 def cell_key(config_file: str, overrides: list[str]) -> tuple[str, dict]:
     """A 12-hex hash of the fully resolved configuration, and that configuration; a one-line
     error for options training would refuse (also where no cell is trained: --tables-only)."""
-    from nmt.config_checks import check_training_config  # Lightning: only once cells are keyed
+    from nmt.config_checks import check_training_config  # torch: only once cells are keyed
 
     config = load_config(config_file, overrides)
     check_training_config(config)

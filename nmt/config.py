@@ -77,7 +77,7 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1
     val_check_interval: Any = 1.0  # 1.0: validate and checkpoint once per epoch; N: every N batches
     log_every_n_steps: int = 50
-    # The validation metric that picks best.ckpt and stops early (nmt.trainer.BEST_METRICS):
+    # The validation metric that picks best.ckpt and stops early (nmt.config_checks.BEST_METRICS):
     # val_loss, or val_bleu (greedy; it picked checkpoints before the end of a cosine schedule
     # that decoded worse with beam search, docs/performance.md)
     best_metric: str = "val_loss"
@@ -200,6 +200,20 @@ def expand_home(config: Config) -> None:
         d.hub_dataset = os.path.expanduser(d.hub_dataset)
     if config.run_dir:
         config.run_dir = os.path.expanduser(config.run_dir)
+
+
+def absolute_file_paths(config: Config) -> None:
+    """The corpus files a command names, the folder of local corpora and a Hub dataset read
+    from a local folder, as absolute paths: the run's config.yaml keeps them, and evaluate,
+    run from another folder, read other files of the same names there (another
+    data/multi30k: the wrong test set, under the right name), or the Hub for ./folder."""
+    d = config.data
+    for key in ("train_files", "val_files", "test_files"):
+        if getattr(d, key):
+            setattr(d, key, [str(Path(path).absolute()) for path in getattr(d, key)])
+    d.data_dir = str(Path(d.data_dir).absolute())
+    if d.hub_dataset and Path(d.hub_dataset).is_dir():  # a local folder in the Hub's layout
+        d.hub_dataset = str(Path(d.hub_dataset).absolute())
 
 
 def overrides_layer(overrides: list[str]) -> DictConfig:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import lightning as L
 import torch
-from lightning.pytorch.callbacks import Timer
 
 from nmt.config import OptimConfig
+
+if TYPE_CHECKING:  # Lightning is imported where a schedule runs: the names are checked without it
+    import lightning as L
 
 
 def inverse_sqrt(warmup: int):
@@ -60,6 +62,8 @@ def budget_horizon(trainer: L.Trainer) -> Callable[[int], float]:
     Read when the schedule steps, from the loop's own counts: ``estimated_stepping_batches``
     would build a training loader here, and drawing its seeds would shift the dropout masks of
     a resumed run against an uninterrupted one."""
+    from lightning.pytorch.callbacks import Timer
+
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
     duration = None if timer is None or timer.time_remaining() is None \
         else timer.time_elapsed() + timer.time_remaining()
@@ -80,7 +84,7 @@ def budget_horizon(trainer: L.Trainer) -> Callable[[int], float]:
 
 # Each schedule: (optimizer, the optim options, the Trainer) -> Lightning's scheduler config,
 # or None for a constant learning rate.
-Scheduler = Callable[[torch.optim.Optimizer, OptimConfig, L.Trainer], "dict | None"]
+Scheduler = Callable[[torch.optim.Optimizer, OptimConfig, "L.Trainer"], "dict | None"]
 
 
 def _per_step(optimizer: torch.optim.Optimizer, factor: Callable[[int], float]) -> dict:

@@ -35,6 +35,7 @@ from nmt.callbacks import (
     WeightEMA,
 )
 from nmt.config import Config
+from nmt.config_checks import BEST_METRICS, max_time
 from nmt.errors import NMTError
 from nmt.files import save_atomic
 from nmt.precision import (
@@ -45,12 +46,6 @@ from nmt.precision import (
     probe_shapes,
     resolve_precision,
 )
-
-# trainer.best_metric -> its better direction. val_loss is the cross-entropy of the references
-# (no label smoothing), as fairseq and Marian select by default; val_bleu is greedy BLEU,
-# noisier from one validation to the next.
-BEST_METRICS = {"val_loss": "min", "val_bleu": "max"}
-
 
 _announced: set[PrecisionChoice] = set()  # the choices this process has printed
 
@@ -121,22 +116,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         save_atomic(checkpoint, path)
-
-
-def max_time(value: str | None) -> str | None:
-    """HH:MM:SS (or DD:HH:MM:SS) in the form Lightning's Timer takes, DD:HH:MM:SS with two
-    digits a field: "1:00:00" and "0:90:00" are one hour and an hour and a half."""
-    if value is None:
-        return None
-    parts = value.split(":")
-    if len(parts) not in (3, 4) or not all(p.isdecimal() for p in parts):
-        raise NMTError(f"--max-time must be HH:MM:SS, got '{value}'")
-    days, hours, minutes, seconds = map(int, [0] * (4 - len(parts)) + parts)
-    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    if total == 0:
-        raise NMTError(f"--max-time {value} trains nothing: give a budget above 0")
-    days, rest = divmod(total, 86400)
-    return f"{days:02d}:{rest // 3600:02d}:{rest // 60 % 60:02d}:{rest % 60:02d}"
 
 
 class _DropTip(logging.Filter):

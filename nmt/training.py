@@ -31,8 +31,15 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from nmt.average import final_weights
 from nmt.callbacks import StopOnSignals, validation_on_cadence
-from nmt.config import Config, DecodingConfig, OptimConfig, run_dir_of, save_config
-from nmt.config_checks import check_training_config
+from nmt.config import (
+    Config,
+    DecodingConfig,
+    OptimConfig,
+    absolute_file_paths,
+    run_dir_of,
+    save_config,
+)
+from nmt.config_checks import check_training_config, max_time
 from nmt.data.batching import Batch, TokenBatchSampler
 from nmt.data.corpus import local_sources, split_sources
 from nmt.data.hub import resolve_hub
@@ -71,7 +78,7 @@ from nmt.resume import (
 from nmt.run_identity import IDENTITY_KEY, run_identity
 from nmt.schedules import SCHEDULERS, steps_per_epoch
 from nmt.search import greedy_search
-from nmt.trainer import build_trainer, check_device_options, max_time
+from nmt.trainer import build_trainer, check_device_options
 
 
 class TranslationModule(L.LightningModule):
@@ -351,20 +358,6 @@ def train_into(config: Config, run_dir: Path) -> None:
             # Lightning leaves the group to the process's exit, where a DDP worker tearing it
             # down aborted about every other run ("terminate called without an active exception").
             torch.distributed.destroy_process_group()
-
-
-def absolute_file_paths(config: Config) -> None:
-    """The corpus files a command names, the folder of local corpora and a Hub dataset read
-    from a local folder, as absolute paths: the run's config.yaml keeps them, and evaluate,
-    run from another folder, read other files of the same names there (another
-    data/multi30k: the wrong test set, under the right name), or the Hub for ./folder."""
-    d = config.data
-    for key in ("train_files", "val_files", "test_files"):
-        if getattr(d, key):
-            setattr(d, key, [str(Path(path).absolute()) for path in getattr(d, key)])
-    d.data_dir = str(Path(d.data_dir).absolute())
-    if d.hub_dataset and Path(d.hub_dataset).is_dir():  # a local folder in the Hub's layout
-        d.hub_dataset = str(Path(d.hub_dataset).absolute())
 
 
 def write_run_files(config: Config, run_dir: Path, data: PreparedData, new_run: bool) -> None:

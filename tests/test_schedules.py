@@ -14,10 +14,10 @@ from lightning.pytorch.callbacks import Timer
 from nmt.callbacks import DropoutForBudget
 from nmt.cli import main
 from nmt.config import load_config
+from nmt.config_checks import max_time
 from nmt.errors import NMTError
 from nmt.models import check_model_config
 from nmt.schedules import budget_horizon, inverse_sqrt, steps_per_epoch, warmup_cosine
-from nmt.trainer import max_time
 from nmt.training import train
 
 from .conftest import tiny_model, tiny_train_args, write_corpus

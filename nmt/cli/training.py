@@ -87,10 +87,9 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace, overrides: list[str]) -> None:
-    from nmt.config import load_config
+    from nmt.config import absolute_file_paths, load_config
     from nmt.config_checks import check_data_config
     from nmt.data.prepare import prepare
-    from nmt.training import absolute_file_paths
 
     config = load_config(args.config, overrides)
     check_data_config(config)  # as train does: --train-lines -5 would cut lines off the end
