@@ -107,7 +107,7 @@ def start_server_on(port: int, args: list[str], log: Path):
                 return process, url
         except OSError:
             pass  # not listening yet
-        time.sleep(1)
+        time.sleep(0.2)
     stop_server(process)
     pytest.fail(f"nmt serve not healthy after {START_SECONDS} s: {log.read_text()[-2000:]}")
 
