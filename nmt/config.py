@@ -8,6 +8,8 @@ depend on the family; the family's constructor checks them (see ``nmt.models``).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -155,12 +157,19 @@ def _words_kept(item: str) -> str:
     return f"{key}='{value}'" if equals and _YAML11_TEXT.fullmatch(value) else item
 
 
+@functools.cache
+def typed_defaults() -> DictConfig:
+    """``Config``'s defaults and types as OmegaConf's schema, built once: ``OmegaConf.merge``
+    copies its first config, so this one is never changed. Built anew for each config, it was
+    half of load_config's time, and nmt compare loads a config for each of hundreds of cells."""
+    return OmegaConf.structured(Config)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
     """Defaults <- YAML file <- ``key.sub=value`` overrides, type-checked; returns a ``Config``.
 
     Raises ``NMTError`` naming the offending key for unknown keys or wrong types.
     """
-    schema = OmegaConf.structured(Config)
     layers = []
     if path is not None:
         path = Path(path)
@@ -176,7 +185,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         layers.append(OmegaConf.create(tree))
     try:
         layers.append(overrides_layer(list(overrides)))
-        merged = OmegaConf.merge(schema, *layers)
+        merged = OmegaConf.merge(typed_defaults(), *layers)  # a copy of the first
         config = OmegaConf.to_object(merged)
     except (OmegaConfBaseException, TypeError) as err:
         raise NMTError(f"bad config: {config_error(err)}") from None
@@ -258,8 +267,9 @@ ADDED_SINCE = {"decoding": {"prune_margin": None}, "trainer": {"best_metric": "v
 
 
 def to_dict(config: Config) -> dict:
-    """The config as plain nested dicts and lists, ready for YAML."""
-    return OmegaConf.to_container(OmegaConf.structured(config))
+    """The config as plain nested dicts and lists, ready for YAML (its values are those
+    ``load_config`` typed: through OmegaConf again, 80 times as long)."""
+    return dataclasses.asdict(config)
 
 
 def save_config(config: Config, path: str | Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from pathlib import Path
 
@@ -10,10 +12,12 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
+from PIL import Image  # noqa: E402  (matplotlib's own dependency)
 from torch import Tensor  # noqa: E402
 
 from nmt.attention_stats import translation_attention  # noqa: E402
 from nmt.errors import NMTError  # noqa: E402
+from nmt.files import atomic_path  # noqa: E402
 
 INCHES_PER_PIECE = 0.22  # a 7-point label's row or column
 PANEL_INCHES = (3.0, 16.0)  # a heatmap's smallest and largest side
@@ -21,6 +25,7 @@ PANEL_INCHES = (3.0, 16.0)  # a heatmap's smallest and largest side
 # 16 in, 7,000 pixels a side (the study's largest grid, 9 panels across, is 37 in)
 FIGURE_INCHES = 48.0
 DPI = 110  # pixels per inch of the pictures written
+DRAWN_FROM = "nmt-drawn-from"  # a PNG's text field: the key of what it was drawn from
 
 
 def draw_attention(ax, weights: Tensor, src: list[str], tgt: list[str], title: str = "",
@@ -53,7 +58,12 @@ def panel_layout(longest: int, large: float = PANEL_INCHES[1]) -> tuple[float, i
 def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[str], list[str]] | None],
                         columns: int = 4) -> None:
     """One figure with a heatmap per panel (title, weights (T, S), source, target pieces);
-    a None panel leaves its place empty (to start a new row)."""
+    a None panel leaves its place empty (to start a new row). A PNG drawn from the same panels
+    by this code is kept, not drawn again: ``nmt compare --tables-only`` redrew the study's
+    unchanged grids, 100 of its 175 s."""
+    key = drawing_key(panels, columns) if Path(path).suffix.lower() == ".png" else None
+    if key is not None and drawn_from(path) == key:
+        return
     rows = math.ceil(len(panels) / columns)
     columns = min(columns, len(panels))
     longest = max(max(len(p[2]), len(p[3])) for p in panels if p is not None)
@@ -68,7 +78,26 @@ def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[s
             ax.axis("off")
         else:
             draw_attention(ax, panel[1], panel[2], panel[3], panel[0], labels)
-    _save(fig, path)
+    _save(fig, path, key)
+
+
+def drawing_key(*shown) -> str:
+    """A hash of what a picture shows (tensors by their values) and of what draws it: this
+    module's code and matplotlib's version."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(matplotlib.__version__.encode())
+    digest.update(json.dumps(shown, default=lambda tensor: tensor.tolist()).encode())
+    return digest.hexdigest()[:16]
+
+
+def drawn_from(path: str | Path) -> str | None:
+    """The key a PNG picture was drawn from (``drawing_key``); None where there is none, or no
+    picture."""
+    try:
+        with Image.open(path) as image:
+            return image.info.get(DRAWN_FROM)
+    except (OSError, SyntaxError, ValueError):  # no file, or not a PNG: PIL's errors
+        return None
 
 
 def check_attention_choice(layers: int, heads: int, layer: int, head: str) -> None:
@@ -183,17 +212,20 @@ def check_picture_path(path: str | Path) -> None:
                        f"{', '.join('.' + name for name in sorted(formats))}")
 
 
-def _save(fig, path: str | Path) -> None:
-    """Lay ``fig`` out and write it at ``DPI``. Laid out at matplotlib's 100 dpi and saved at
-    110, a heatmap's title could be drawn off the figure (a long line's pieces along the top:
-    ``translate --plot-attention`` lost "line 1, cross"): the layout is made at the dpi saved."""
+def _save(fig, path: str | Path, key: str | None = None) -> None:
+    """Lay ``fig`` out and write it at ``DPI``, whole or not at all (a PNG cut short, holding
+    the ``key`` it was drawn from, would never be drawn again). Laid out at matplotlib's 100
+    dpi and saved at 110, a heatmap's title could be drawn off the figure (a long line's pieces
+    along the top: ``translate --plot-attention`` lost "line 1, cross"): the layout is made at
+    the dpi saved."""
     path = Path(path)
+    if not path.suffix:  # matplotlib's default format, named as matplotlib names it
+        path = path.with_name(f"{path.name}.{plt.rcParams['savefig.format']}")
     fig.set_dpi(DPI)
     fig.tight_layout()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=DPI)
-    except OSError as err:  # named here: a caller writing other files would misname it
-        raise NMTError(f"cannot write the picture {path}: {err.strerror}") from None
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=DPI, format=path.suffix[1:].lower(),
+                        metadata=None if key is None else {DRAWN_FROM: key})
     finally:
         plt.close(fig)

@@ -295,7 +295,7 @@ def test_every_head_of_a_long_line_draws_a_grid_of_bounded_size(monkeypatch):
     16 in, drew a figure of 64 in (7,000 pixels) a side. The grid as a whole is capped; its
     panels name fewer pieces, each still at its own column."""
     saved = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.append(fig))
+    monkeypatch.setattr(plots, "_save", lambda fig, path, key: saved.append(fig))
     src, tgt = [f"s{i}" for i in range(1024)], [f"t{i}" for i in range(200)]
     panels = [(f"head {h}", torch.rand(len(tgt), len(src)), src, tgt) for h in range(16)]
     plots.save_attention_grid("unused.png", panels)
@@ -312,7 +312,7 @@ def test_a_long_line_draws_a_picture_of_bounded_size_with_its_own_labels(monkeyp
     pixels a side: 2.3 GB for one image, a MemoryError traceback, or the process killed. The
     side is capped; the pieces named are every n-th, each at its own row or column."""
     saved = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.append(fig))
+    monkeypatch.setattr(plots, "_save", lambda fig, path, key: saved.append(fig))
     src = [f"s{i}" for i in range(1024)]
     tgt = [f"t{i}" for i in range(10)]
     plots.save_attention_grid("unused.png", [("line 1, cross", torch.rand(len(tgt), len(src)), src, tgt)])
@@ -333,6 +333,34 @@ def test_a_long_line_draws_a_picture_of_bounded_size_with_its_own_labels(monkeyp
     assert [t.get_text() for t in saved[-1].axes[0].get_xticklabels()] == src[:4]
     assert saved[-1].axes[0].get_title() == "short"
     plots.plt.close(saved[-1])
+
+
+def test_a_grid_is_drawn_again_only_where_what_it_shows_or_what_draws_it_changed(tmp_path,
+                                                                                monkeypatch):
+    """nmt compare --tables-only redrew every attention grid of the study from unchanged
+    records (100 of its 175 s). A PNG names the key it was drawn from; the same panels by the
+    same code and matplotlib keep it, any change draws it again."""
+    src, tgt = ["ein", "hund", "."], ["a", "dog"]
+    weights = torch.rand(len(tgt), len(src))
+    path = tmp_path / "grid.png"
+
+    def drawn(shown: torch.Tensor, title: str = "line 1, cross") -> bool:
+        """Whether save_attention_grid wrote the picture (a new file replaces the old one)."""
+        before = path.stat().st_ino if path.exists() else None
+        plots.save_attention_grid(path, [(title, shown, src, tgt), None], columns=2)
+        return path.stat().st_ino != before
+
+    assert drawn(weights) and plots.drawn_from(path) is not None
+    assert not drawn(weights.clone())  # the same values
+    assert drawn(weights.flip(0)) and drawn(weights.flip(0), "line 2, cross")
+    monkeypatch.setattr(plots.matplotlib, "__version__", "0.0")  # another matplotlib
+    assert drawn(weights.flip(0)) and not drawn(weights.flip(0))
+    path.write_bytes(b"not a picture")
+    assert plots.drawn_from(path) is None and drawn(weights.flip(0))
+    # another format has no key: drawn every time, as before
+    other = tmp_path / "grid.pdf"
+    plots.save_attention_grid(other, [("line 1, cross", weights, src, tgt)])
+    assert other.read_bytes().startswith(b"%PDF") and plots.drawn_from(other) is None
 
 
 def test_the_key_size_of_a_family_without_cross_attention_is_one_line(monkeypatch):

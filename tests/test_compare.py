@@ -856,6 +856,37 @@ def test_a_figure_of_cells_no_longer_tabled_is_removed(study, tmp_path):
     assert (figures / "cross_test0001.png").is_file() and not (figures / "cross_test0002.png").exists()
 
 
+def test_tables_rebuilt_from_the_same_records_keep_their_attention_pictures(study, tmp_path):
+    """--tables-only drew every attention grid again from unchanged records (the study's:
+    100 of 175 s). They are kept; a grid whose cells' pictures changed is drawn again."""
+    _, out, _, folder = study
+    shutil.copytree(out / "a", tmp_path / "a")
+    figures = tmp_path / "a" / "figures"
+    grids = ("cross_test0001.png", "cross_test0002.png", "encoder_test0001.png")
+
+    def inodes() -> dict:  # a file written anew, in place or replaced, differs in one of them
+        return {name: ((figures / name).stat().st_ino, (figures / name).stat().st_mtime_ns)
+                for name in grids}
+
+    def tables() -> None:
+        assert main(["compare", "--config", str(folder / "compare.yaml"), "--preset", "a", "--out",
+                     str(tmp_path / "a"), "--runs", str(tmp_path / "none"), "--tables-only"]) == 0
+
+    before = inodes()
+    tables()
+    assert inodes() == before
+    # an RNN cell's picture of line 1 changed: its cross-attention grid alone is drawn again
+    path = tmp_path / "a" / "cells" / "rnn_dot_seed1" / "record.json"
+    record = json.loads(path.read_text())
+    picture = next(p for p in record["pictures"] if p["line"] == 0)
+    picture["cross"] = picture["cross"][::-1]
+    path.write_text(json.dumps(record))
+    tables()
+    after = inodes()
+    assert after["cross_test0001.png"] != before["cross_test0001.png"]
+    assert {name: after[name] for name in grids[1:]} == {name: before[name] for name in grids[1:]}
+
+
 def test_cells_that_differ_in_their_variant_alone_are_told_apart_in_the_figures(tmp_path,
                                                                                monkeypatch):
     """Two cells of the main group with one family and scorer, two variants: the BLEU bars
