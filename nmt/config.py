@@ -8,11 +8,10 @@ depend on the family; the family's constructor checks them (see ``nmt.models``).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -158,11 +157,13 @@ def _words_kept(item: str) -> str:
 
 
 @functools.cache
-def typed_defaults() -> DictConfig:
-    """``Config``'s defaults and types as OmegaConf's schema, built once: ``OmegaConf.merge``
-    copies its first config, so this one is never changed. Built anew for each config, it was
-    half of load_config's time, and nmt compare loads a config for each of hundreds of cells."""
-    return OmegaConf.structured(Config)
+def _typed_defaults() -> DictConfig:
+    """``Config``'s defaults and types as OmegaConf's schema, built once and read-only
+    (``OmegaConf.merge`` copies its first config). Built anew for each config, it was half of
+    load_config's time, and nmt compare loads a config for each of hundreds of cells."""
+    schema = OmegaConf.structured(Config)
+    OmegaConf.set_readonly(schema, True)
+    return schema
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
@@ -185,7 +186,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         layers.append(OmegaConf.create(tree))
     try:
         layers.append(overrides_layer(list(overrides)))
-        merged = OmegaConf.merge(typed_defaults(), *layers)  # a copy of the first
+        merged = OmegaConf.merge(_typed_defaults(), *layers)  # a copy of the first
         config = OmegaConf.to_object(merged)
     except (OmegaConfBaseException, TypeError) as err:
         raise NMTError(f"bad config: {config_error(err)}") from None
@@ -267,9 +268,11 @@ ADDED_SINCE = {"decoding": {"prune_margin": None}, "trainer": {"best_metric": "v
 
 
 def to_dict(config: Config) -> dict:
-    """The config as plain nested dicts and lists, ready for YAML (its values are those
-    ``load_config`` typed: through OmegaConf again, 80 times as long)."""
-    return dataclasses.asdict(config)
+    """The config as plain nested dicts and lists, ready for YAML and for a study cell's key.
+    Its values are those ``load_config`` typed, so code that sets one keeps the field's type
+    (a float for a float, a list, not a tuple): read through OmegaConf again, which would
+    convert them, it took 80 times as long."""
+    return asdict(config)
 
 
 def save_config(config: Config, path: str | Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 from pathlib import Path
@@ -59,8 +60,8 @@ def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[s
                         columns: int = 4) -> None:
     """One figure with a heatmap per panel (title, weights (T, S), source, target pieces);
     a None panel leaves its place empty (to start a new row). A PNG drawn from the same panels
-    by this code is kept, not drawn again: ``nmt compare --tables-only`` redrew the study's
-    unchanged grids, 100 of its 175 s."""
+    by the same code is kept, not drawn again: ``nmt compare --tables-only`` redrew the
+    study's unchanged grids each time, most of its time."""
     key = drawing_key(panels, columns) if Path(path).suffix.lower() == ".png" else None
     if key is not None and drawn_from(path) == key:
         return
@@ -82,12 +83,20 @@ def save_attention_grid(path: str | Path, panels: list[tuple[str, Tensor, list[s
 
 
 def drawing_key(*shown) -> str:
-    """A hash of what a picture shows (tensors by their values) and of what draws it: this
-    module's code and matplotlib's version."""
-    digest = hashlib.sha256(Path(__file__).read_bytes())
-    digest.update(matplotlib.__version__.encode())
-    digest.update(json.dumps(shown, default=lambda tensor: tensor.tolist()).encode())
-    return digest.hexdigest()[:16]
+    """A hash of what a grid shows (``_tensor_digest``) and of what draws it: the drawing
+    functions' code, the sizes above and matplotlib's version. Not the whole module's code: an
+    edit elsewhere in it would draw the committed study's grids again, pixel for pixel."""
+    code = [inspect.getsource(f) for f in (save_attention_grid, panel_layout, draw_attention, _save)]
+    sizes = [INCHES_PER_PIECE, PANEL_INCHES, FIGURE_INCHES, DPI, DRAWN_FROM]
+    what = json.dumps([code, sizes, matplotlib.__version__, shown], default=_tensor_digest)
+    return hashlib.sha256(what.encode()).hexdigest()[:16]
+
+
+def _tensor_digest(tensor: Tensor) -> str:
+    """A tensor in a key: its shape and float32 bytes, as ``draw_attention`` draws it (as JSON
+    numbers, a 16-head grid of a long line took seconds to key)."""
+    values = tensor.detach().float().cpu().contiguous().numpy().tobytes()
+    return f"{tuple(tensor.shape)} {hashlib.sha256(values).hexdigest()}"
 
 
 def drawn_from(path: str | Path) -> str | None:
@@ -220,7 +229,7 @@ def _save(fig, path: str | Path, key: str | None = None) -> None:
     the dpi saved."""
     path = Path(path)
     if not path.suffix:  # matplotlib's default format, named as matplotlib names it
-        path = path.with_name(f"{path.name}.{plt.rcParams['savefig.format']}")
+        path = path.with_name(f"{path.name.rstrip('.')}.{plt.rcParams['savefig.format']}")
     fig.set_dpi(DPI)
     fig.tight_layout()
     try:

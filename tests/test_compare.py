@@ -857,8 +857,8 @@ def test_a_figure_of_cells_no_longer_tabled_is_removed(study, tmp_path):
 
 
 def test_tables_rebuilt_from_the_same_records_keep_their_attention_pictures(study, tmp_path):
-    """--tables-only drew every attention grid again from unchanged records (the study's:
-    100 of 175 s). They are kept; a grid whose cells' pictures changed is drawn again."""
+    """--tables-only drew every attention grid again from unchanged records (the study's: most
+    of its time). They are kept; a grid whose cells' pictures changed is drawn again."""
     _, out, _, folder = study
     shutil.copytree(out / "a", tmp_path / "a")
     figures = tmp_path / "a" / "figures"
