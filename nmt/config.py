@@ -19,7 +19,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.errors import NMTError, first_line
+from nmt.errors import NMTError, first_line, stop_signals_deferred
 from nmt.files import write_atomic
 
 
@@ -169,8 +169,15 @@ def _typed_defaults() -> DictConfig:
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
     """Defaults <- YAML file <- ``key.sub=value`` overrides, type-checked; returns a ``Config``.
 
-    Raises ``NMTError`` naming the offending key for unknown keys or wrong types.
+    Raises ``NMTError`` naming the offending key for unknown keys or wrong types. A stop (Ctrl-C,
+    SIGTERM) arriving meanwhile is taken once the config is read: raised inside OmegaConf, it
+    left a node half-built, which failed as a ConfigKeyError traceback, not the stop's line.
     """
+    with stop_signals_deferred():
+        return _merged_config(path, overrides)
+
+
+def _merged_config(path: str | Path | None, overrides: list[str] | tuple) -> Config:
     layers = []
     if path is not None:
         path = Path(path)

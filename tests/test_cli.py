@@ -1336,6 +1336,34 @@ def test_a_config_file_that_is_not_a_mapping_of_utf8_yaml_is_one_line(tmp_path, 
     assert message in err and err.count("\n") == 1
 
 
+def test_a_stop_while_a_config_is_read_is_taken_once_it_is_read(monkeypatch):
+    """SIGTERM raised inside OmegaConf (as nmt's handler raises it) left a node half-built:
+    nmt bench data, stopped while it read its config, printed a ConfigKeyError traceback
+    ("'NoneType' object has no attribute '_invalidate_flags_cache'") and exited 1, not 143."""
+    import signal
+
+    from omegaconf import OmegaConf
+
+    from nmt.config import load_config
+    from nmt.errors import Stopped, raise_stopped
+
+    create, read = OmegaConf.create, []
+
+    def stopped_inside(*args, **kwargs):  # the stop, in the middle of OmegaConf's work
+        signal.raise_signal(signal.SIGTERM)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(OmegaConf, "create", stopped_inside)
+    monkeypatch.setattr("nmt.config.expand_home", read.append)  # the config's last step
+    previous = signal.signal(signal.SIGTERM, raise_stopped)
+    try:
+        with pytest.raises(Stopped):
+            load_config(REPO / "configs" / "transformer.yaml")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(read) == 1  # read whole, then stopped
+
+
 @pytest.mark.parametrize("option, message", [
     ("data.train_files=tr.de", "data.train_files takes a list: data.train_files=[a,b] on the "
                                "command line, [a, b] in YAML"),  # was OmegaConf's AnyNode jargon
