@@ -31,8 +31,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.config import ADDED_SINCE, load_config, overrides_layer, read_yaml, to_dict
-from nmt.errors import NMTError
+from nmt.config import ADDED_SINCE, load_config, overrides_layer, read_yaml, to_dict, typed_defaults
+from nmt.errors import NMTError, stop_signals_deferred
 from nmt.memory import usable_cpus
 from nmt.processes import CELL_PARENT, die_with_parent
 
@@ -84,8 +84,9 @@ class Cell:
         return f"{self.family}_{self.attention}{variant}_seed{self.seed}"
 
 
+@stop_signals_deferred()  # as load_config: a stop is taken once the config is read
 def load_compare_config(path: str | None) -> CompareConfig:
-    schema = OmegaConf.structured(CompareConfig)
+    schema = typed_defaults(CompareConfig)
     if not path:
         return OmegaConf.to_object(schema)
     try:

@@ -157,27 +157,23 @@ def _words_kept(item: str) -> str:
 
 
 @functools.cache
-def _typed_defaults() -> DictConfig:
-    """``Config``'s defaults and types as OmegaConf's schema, built once and read-only
+def typed_defaults(kind: type) -> DictConfig:
+    """A config dataclass' defaults and types as OmegaConf's schema, built once and read-only
     (``OmegaConf.merge`` copies its first config). Built anew for each config, it was half of
     load_config's time, and nmt compare loads a config for each of hundreds of cells."""
-    schema = OmegaConf.structured(Config)
+    schema = OmegaConf.structured(kind)
     OmegaConf.set_readonly(schema, True)
     return schema
 
 
+# A stop (Ctrl-C, SIGTERM) arriving while a config is read is taken once it is read: raised
+# inside OmegaConf, it left a node half-built, which failed as a ConfigKeyError traceback.
+@stop_signals_deferred()
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
     """Defaults <- YAML file <- ``key.sub=value`` overrides, type-checked; returns a ``Config``.
 
-    Raises ``NMTError`` naming the offending key for unknown keys or wrong types. A stop (Ctrl-C,
-    SIGTERM) arriving meanwhile is taken once the config is read: raised inside OmegaConf, it
-    left a node half-built, which failed as a ConfigKeyError traceback, not the stop's line.
+    Raises ``NMTError`` naming the offending key for unknown keys or wrong types.
     """
-    with stop_signals_deferred():
-        return _merged_config(path, overrides)
-
-
-def _merged_config(path: str | Path | None, overrides: list[str] | tuple) -> Config:
     layers = []
     if path is not None:
         path = Path(path)
@@ -193,7 +189,7 @@ def _merged_config(path: str | Path | None, overrides: list[str] | tuple) -> Con
         layers.append(OmegaConf.create(tree))
     try:
         layers.append(overrides_layer(list(overrides)))
-        merged = OmegaConf.merge(_typed_defaults(), *layers)  # a copy of the first
+        merged = OmegaConf.merge(typed_defaults(Config), *layers)  # a copy of the first
         config = OmegaConf.to_object(merged)
     except (OmegaConfBaseException, TypeError) as err:
         raise NMTError(f"bad config: {config_error(err)}") from None
