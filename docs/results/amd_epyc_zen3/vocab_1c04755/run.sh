@@ -13,5 +13,5 @@ for name in ${@:-v8000_1 v4000_1 v8000_2 v4000_2}; do
       --data.vocab_size $vocab
   for split in val test; do nmt evaluate --checkpoint checkpoints/vocab_$name --split $split --beam 5; done
   mkdir -p $OUT/$name && cp checkpoints/vocab_$name/train_stats.json \
-      checkpoints/vocab_$name/logs/version_0/metrics.csv checkpoints/vocab_$name/eval/*.json $OUT/$name/
+      checkpoints/vocab_$name/logs/version_0/metrics.csv checkpoints/vocab_$name/eval/* $OUT/$name/
 done
