@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -86,10 +87,16 @@ def drawing_key(*shown) -> str:
     """A hash of what a grid shows (``_tensor_digest``) and of what draws it: the drawing
     functions' code, the sizes above and matplotlib's version. Not the whole module's code: an
     edit elsewhere in it would draw the committed study's grids again, pixel for pixel."""
-    code = [inspect.getsource(f) for f in (save_attention_grid, panel_layout, draw_attention, _save)]
+    code = _drawing_code()
     sizes = [INCHES_PER_PIECE, PANEL_INCHES, FIGURE_INCHES, DPI, DRAWN_FROM]
     what = json.dumps([code, sizes, matplotlib.__version__, shown], default=_tensor_digest)
     return hashlib.sha256(what.encode()).hexdigest()[:16]
+
+
+@functools.cache
+def _drawing_code() -> list[str]:
+    """The source of the functions that draw a grid, read from their file once, not per grid."""
+    return [inspect.getsource(f) for f in (save_attention_grid, panel_layout, draw_attention, _save)]
 
 
 def _tensor_digest(tensor: Tensor) -> str:
