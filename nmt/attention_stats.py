@@ -44,10 +44,9 @@ def shape_model(model_cfg: dict) -> nn.Module:
     """The model of a config section, built on the meta device: its modules and shapes, no
     weights and no memory, so that what a family attends with is read from the family itself
     (no option names) in milliseconds. A config no family builds is an NMTError."""
-    from nmt.models import build_model  # late: the models are not needed for the statistics
+    from nmt.models import build_shape_model  # late: the models are not needed for the statistics
 
-    with torch.device("meta"):
-        return build_model(model_cfg, vocab_size=8)  # any vocabulary: attention does not use it
+    return build_shape_model(model_cfg, vocab_size=8)  # any vocabulary: attention does not use it
 
 
 def attention_key_size(model_cfg: dict) -> int:

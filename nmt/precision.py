@@ -30,7 +30,7 @@ import torch
 from nmt.config import DECODING_PRECISIONS
 from nmt.data.tokenizer import BOS, UNK
 from nmt.errors import NMTError
-from nmt.models import check_model_config
+from nmt.models import build_shape_model, check_model_config
 from nmt.models.base import select_rows
 
 CACHE = Path(os.environ.get("NMT_CACHE_DIR", Path.home() / ".cache" / "nmt")) / "precision.json"
@@ -79,8 +79,7 @@ def probe_shapes(model_cfg: dict, vocab_size: int, tokens: int = 512) -> list[tu
     cls, options = check_model_config(model_cfg)
     if hasattr(cls, "typical_matmuls"):
         return cls.typical_matmuls(options, vocab_size, tokens)
-    with torch.device("meta"):  # shapes only: building it allocates nothing
-        model = cls(vocab_size=vocab_size, **options)
+    model = build_shape_model(model_cfg, vocab_size)
     # a weight (N, K) multiplies (M, K) inputs; an embedding's (V, E) is the tied output layer's
     shapes = [(tokens, p.size(1), p.size(0)) for p in model.parameters() if p.dim() == 2]
     return list(dict.fromkeys(shapes))  # each shape once, in the model's order

@@ -24,7 +24,7 @@ from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError, first_line
 from nmt.files import refuse_export
-from nmt.models import build_model, scorer_of
+from nmt.models import build_model, build_shape_model, scorer_of
 from nmt.models.ensemble import Ensemble
 from nmt.precision import autocast_dtype, decoding_precision
 from nmt.run_identity import check_identity, identity_of_run
@@ -279,8 +279,7 @@ def check_run_weights(run_dir: str | Path, weights: str | Path | None = None) ->
     load into the run's model: checked on a model on the meta device, from the memory-mapped
     file (a server checks this before its worker processes load the models)."""
     config, run_dir = run_config(run_dir), Path(run_dir)
-    with torch.device("meta"):
-        model = build_model(config.model, len(Tokenizer(run_dir / "spm.model")))
+    model = build_shape_model(config.model, len(Tokenizer(run_dir / "spm.model")))
     path = find_checkpoint(run_dir, weights, warn=False)  # the workers' load warns
     load_weights(model, path, "cpu", mapped=True, run_dir=run_dir)
     return path

@@ -6,7 +6,9 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from nmt.attention import SCORERS
 from nmt.errors import NMTError
@@ -82,3 +84,24 @@ def build_model(model_cfg: dict[str, Any], vocab_size: int) -> nn.Module:
     """Build the model of a config section ``{family: ..., <constructor arguments>}``."""
     cls, kwargs = check_model_config(model_cfg)
     return cls(vocab_size=vocab_size, **kwargs)
+
+
+class _SkipNormalFill(TorchFunctionMode):
+    """``nn.init.normal_`` and ``Tensor.normal_`` as no-ops (both: a mode does not see the calls
+    made inside a function it passes on). On the meta device there are no values to fill, and torch
+    decomposes ``normal_`` there in Python behind ``torch._dynamo.disable``, whose first call
+    imports torch._dynamo: 2.5 s of a server's start on a slow CPU for a fill of nothing. The
+    other fills (uniform_, zero_, ...) have meta kernels and cost nothing."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (nn.init.normal_, torch.Tensor.normal_):
+            return args[0] if args else kwargs["tensor"]  # the tensor, as they return it
+        return func(*args, **(kwargs or {}))
+
+
+def build_shape_model(model_cfg: dict[str, Any], vocab_size: int) -> nn.Module:
+    """``build_model`` on the meta device: the modules and their shapes, with no memory and no
+    initialisation, in milliseconds (to read what a family is built of, or to check weights
+    against it)."""
+    with torch.device("meta"), _SkipNormalFill():
+        return build_model(model_cfg, vocab_size)

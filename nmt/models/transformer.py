@@ -29,13 +29,15 @@ from nmt.models.cache import SelfAttentionCache, batch_major
 
 
 def sinusoids(length: int, dim: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...): (length, dim)."""
-    position = torch.arange(length).unsqueeze(1)
-    frequency = torch.exp(torch.arange(0, dim, 2) * (-math.log(10000.0) / dim))
-    table = torch.zeros(length, dim)
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...): (length, dim), on the
+    default device. Computed on the CPU: on the meta device (``build_shape_model``) torch
+    computes these in Python behind torch._dynamo, whose import is seconds."""
+    position = torch.arange(length, device="cpu").unsqueeze(1)
+    frequency = torch.exp(torch.arange(0, dim, 2, device="cpu") * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim, device="cpu")
     table[:, 0::2] = torch.sin(position * frequency)
     table[:, 1::2] = torch.cos(position * frequency)
-    return table
+    return table.to(torch.get_default_device())
 
 
 class Residual(nn.Module):

@@ -5,13 +5,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from nmt.config import load_config, refuse_checkpoint_file
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError
 from nmt.files import is_export
-from nmt.models import build_model, scorer_of
+from nmt.models import build_shape_model, scorer_of
 
 
 def model_info(name: str, path: str, engine: str, ensemble: Sequence[str] = ()) -> dict:
@@ -38,8 +36,7 @@ def run_summary(name: str, path: str) -> dict:
 def parameter_count(run_dir: str) -> int:
     """The parameters of a run's model, counted from its config and vocabulary."""
     config = load_config(Path(run_dir) / "config.yaml")
-    with torch.device("meta"):  # shapes only: counting parameters allocates nothing
-        model = build_model(config.model, len(Tokenizer(Path(run_dir) / "spm.model")))
+    model = build_shape_model(config.model, len(Tokenizer(Path(run_dir) / "spm.model")))
     return sum(p.numel() for p in model.parameters())
 
 
