@@ -221,6 +221,24 @@ def attention_layout(model: nn.Module | None, kind: str) -> tuple[int, int]:
     return (len(heads), heads[0]) if heads else (1, 1)
 
 
+def check_attention_choice(layers: int, heads: int, layer: int, head: str,
+                           options: tuple[str, str] = ("--attention-layer", "--attention-head")
+                           ) -> None:
+    """``layer`` and ``head`` (mean, all or a head number) must pick from a model's ``layers`` x
+    ``heads`` attention maps; one map (an RNN's, or CTranslate2's) leaves nothing to pick.
+    ``options``: what the errors call the two (translate's flags, or serve's request fields)."""
+    if head not in ("mean", "all") and not head.isdecimal():
+        raise NMTError(f"{options[1]} must be mean, all or a head number, got '{head}'")
+    if (layers, heads) == (1, 1):
+        if layer not in (0, -1) or head not in ("mean", "all", "0"):
+            raise NMTError("this model gives one attention map (an RNN's, or CTranslate2's mean of "
+                           f"the last layer's heads): no {options[0]} or {options[1]} to pick")
+    elif not -layers <= layer < layers or (head.isdecimal() and int(head) >= heads):
+        raise NMTError(f"no attention layer {layer} / head {head} in this model: it has {layers} "
+                       f"layer{'s' * (layers != 1)} and {heads} head{'s' * (heads != 1)}, counted "
+                       "from 0 (layer -1 is the last)")
+
+
 def attention_matrix(attention: Tensor, layer: int = -1, head: int | None = None) -> Tensor:
     """One (T, S) matrix from a hypothesis' attention: (T, S) as is (RNN), or (T, L, H, S)
     reduced to one layer and one head or the mean over heads (Transformer)."""

@@ -17,7 +17,7 @@ from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from PIL import Image  # noqa: E402  (matplotlib's own dependency)
 from torch import Tensor  # noqa: E402
 
-from nmt.attention_stats import translation_attention  # noqa: E402
+from nmt.attention_stats import check_attention_choice, translation_attention  # noqa: E402
 from nmt.errors import NMTError  # noqa: E402
 from nmt.files import atomic_path  # noqa: E402
 
@@ -114,21 +114,6 @@ def drawn_from(path: str | Path) -> str | None:
             return image.info.get(DRAWN_FROM)
     except (OSError, SyntaxError, ValueError):  # no file, or not a PNG: PIL's errors
         return None
-
-
-def check_attention_choice(layers: int, heads: int, layer: int, head: str) -> None:
-    """``layer`` and ``head`` (mean, all or a head number) must pick from a model's ``layers`` x
-    ``heads`` attention maps; one map (an RNN's, or CTranslate2's) leaves nothing to pick."""
-    if head not in ("mean", "all") and not head.isdecimal():
-        raise NMTError(f"--attention-head must be mean, all or a head number, got '{head}'")
-    if (layers, heads) == (1, 1):
-        if layer not in (0, -1) or head not in ("mean", "all", "0"):
-            raise NMTError("this model gives one attention map (an RNN's, or CTranslate2's mean of "
-                           "the last layer's heads): no --attention-layer or --attention-head to pick")
-    elif not -layers <= layer < layers or (head.isdecimal() and int(head) >= heads):
-        raise NMTError(f"no attention layer {layer} / head {head} in this model: it has {layers} "
-                       f"layer{'s' * (layers != 1)} and {heads} head{'s' * (heads != 1)}, counted "
-                       "from 0 (layer -1 is the last)")
 
 
 def attention_panels(weights: Tensor, title: str, layer: int, head: str) -> list[tuple[str, Tensor]]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.attention_stats import attention_matrix
 from nmt.cli import main
 from nmt.translator import Translator, find_checkpoint
 
@@ -147,6 +148,7 @@ def test_health_and_info(server, runs):
     for m in models:
         assert (m["family"], m["attention"], m["src_lang"], m["tgt_lang"], m["engine"]) == \
             ("transformer", "scaled_dot", "de", "en", "torch")
+        assert (m["attention_layers"], m["attention_heads"]) == (1, 2)  # model.heads=2, one layer
         assert m["parameters"] == sum(p.numel() for p in translators[m["name"]].model.parameters())
 
 
@@ -206,6 +208,34 @@ def test_alignments_are_what_translate_alignment_writes(server, runs, tmp_path, 
     assert rows[-1] == ["", ""] and any(pairs for _, pairs in rows[:-1])
 
 
+def test_attention_and_alignments_read_the_layer_and_head_asked_for(server, runs, tmp_path, capsys):
+    """"attention_layer" and "attention_head" pick the map that "attention" and "alignment"
+    read, as translate's --attention-layer and --attention-head do: the weights are that head's
+    of the translation's attention, the pairs those translate writes with the same choice."""
+    translators, paths, sentences = runs
+    texts = sentences[:6]
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    own = translators["second"].translate(texts, 2, need_attn=True)
+    views = {}
+    for head in (0, 1):
+        assert main(["translate", "--checkpoint", str(paths[1]), "--input", str(source), "--beam", "2",
+                     "--precision", "32-true", "--weights", "best.ckpt", "--alignment",
+                     "--attention-layer", "0", "--attention-head", str(head)]) == 0
+        rows = [row.split(" ||| ") for row in capsys.readouterr().out.splitlines()]
+        status, answer = request(server + "/translate", {
+            "text": texts, "beam": 2, "model": "second", "attention": True, "alignment": True,
+            "attention_layer": 0, "attention_head": head})
+        assert status == 200
+        assert [[t, a] for t, a in zip(answer["translations"], answer["alignments"])] == rows
+        for view, hyps in zip(answer["attention"], own):
+            expected_rows = attention_matrix(hyps[0].attention, 0, head).tolist()
+            assert [row == pytest.approx(want, abs=1e-4) for row, want in
+                    zip(view["weights"], expected_rows)] == [True] * len(expected_rows)
+        views[head] = answer["attention"]
+    assert views[0] != views[1]  # the heads look at different pieces: the choice is read
+
+
 @pytest.mark.parametrize("body,message", [
     ({"beam": 2}, "missing field 'text'"),
     ({"text": None}, "'text' must be a list of strings"),
@@ -220,6 +250,19 @@ def test_alignments_are_what_translate_alignment_writes(server, runs, tmp_path, 
     ({"text": ["x"], "beam": 0.0}, "'beam' must be an integer from 1 to 16, got 0.0"),
     ({"text": ["x"], "attention": 1}, "'attention' must be true or false"),
     ({"text": ["x"], "alignment": "yes"}, "'alignment' must be true or false, got \"yes\""),
+    ({"text": ["x"], "attention_layer": "last"},
+     "'attention_layer' must be an integer (-1: the last layer), got \"last\""),
+    ({"text": ["x"], "attention_layer": 0.5}, "'attention_layer' must be an integer"),
+    ({"text": ["x"], "attention_layer": True}, "'attention_layer' must be an integer"),
+    ({"text": ["x"], "attention_head": "all"},
+     "'attention_head' must be \"mean\" or a head number from 0, got \"all\""),
+    ({"text": ["x"], "attention_head": -1}, "'attention_head' must be \"mean\" or a head number"),
+    ({"text": ["x"], "attention_head": "1"}, "'attention_head' must be \"mean\" or a head number"),
+    # what the served model lacks: one decoder layer, two heads
+    ({"text": ["x"], "attention_layer": 1, "attention": True},
+     "no attention layer 1 / head mean in this model: it has 1 layer and 2 heads, counted from 0"),
+    ({"text": ["x"], "attention_layer": -2}, "no attention layer -2 / head mean in this model"),
+    ({"text": ["x"], "attention_head": 2, "alignment": True}, "no attention layer -1 / head 2 in"),
     ({"text": ["x"], "model": "third"}, 'unknown model "third"; served: "first", "second"'),
     ({"text": ["x"], "model": "modèle"}, 'unknown model "modèle"'),  # as sent, not \\u00e8
     ({"text": ["x"], "txet": 1}, 'unknown field "txet"'),
@@ -249,7 +292,8 @@ def test_null_means_the_default_as_an_omitted_field():
     from nmt.serve.request import Job, parse_request
 
     models = ["first", "second"]
-    nulls = {"text": ["x"], "beam": None, "attention": None, "model": None}
+    nulls = {"text": ["x"], "beam": None, "attention": None, "model": None,
+             "attention_layer": None, "attention_head": None}
     assert parse_request(nulls, models, 2) == parse_request({"text": ["x"]}, models, 2) \
         == Job(["x"], 2, False, "first")
 
@@ -263,6 +307,8 @@ def test_a_whole_number_sent_as_a_float_is_an_integer():
     assert parse_request({"text": ["x"], "beam": 2.0}, models, 5) == Job(["x"], 2, False, "first")
     assert parse_request({"text": ["x"], "beam": 1e300}, models, 5) == \
         Rejected("'beam' must be an integer from 1 to 16, got 1e+300")
+    assert parse_request({"text": ["x"], "attention_layer": -1.0, "attention_head": 1.0}, models, 5) \
+        == Job(["x"], 5, False, "first", attention_layer=-1, attention_head="1")
 
 
 def test_nbest_is_checked_against_the_beam():
@@ -307,8 +353,8 @@ def test_a_truncated_text_is_reported_in_its_answer_not_in_the_log(runs, capsys)
     client could flood it, and its line numbers would count a batch's texts, not a request's)."""
     from nmt.serve.api import TranslationAPI
 
-    translators, _, _ = runs
-    api = TranslationAPI({"first": "unused"}, "torch", default_beam=1, max_batch=4)
+    translators, paths, _ = runs
+    api = TranslationAPI({"first": str(paths[0])}, "torch", default_beam=1, max_batch=4)
     api.translators = translators
     job = api.decode_request({"text": ["hund", "haus " * 600]})
     answer = api._translate_group([job])[0]

@@ -345,8 +345,7 @@ def check_picture_choice(args: argparse.Namespace) -> None:
     its config builds on the meta device (no weights); an export's is CTranslate2's one map."""
     if args.plot_attention is None and not args.alignment:
         return
-    from nmt.attention_stats import attention_layout, shape_model
-    from nmt.plots import check_attention_choice
+    from nmt.attention_stats import attention_layout, check_attention_choice, shape_model
 
     if args.engine != "torch" and (args.attention_layer != -1 or args.attention_head not in ("mean", "all")):
         # its one map is the last layer's mean over heads: "layer 0" would be that map, mislabelled

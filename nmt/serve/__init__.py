@@ -7,7 +7,7 @@ that ask for the same model, beam, attention (or alignment) and nbest are decode
 ``translate`` call: one batched beam search per length bucket.
 
     POST /translate  {"text": ["...", ...], "beam": 5, "attention": false, "alignment": false,
-                      "model": NAME, "nbest": 1}
+                      "model": NAME, "nbest": 1, "attention_layer": -1, "attention_head": "mean"}
                      (all but text optional; null, as a field left out, is the default)
         -> {"model": NAME, "translations": ["...", ...],
             "nbest": [[{"text": "...", "score": -0.61}, ...], ...],  # if nbest > 1, best first
@@ -17,7 +17,8 @@ that ask for the same model, beam, attention (or alignment) and nbest are decode
             "warnings": ["text 2 has 900 pieces; truncated to 511"]}                       # if any
     GET /health      "ok" once the worker is ready (LitServe's)
     GET /info        {"model": {"models": [{name, family, attention, src_lang, tgt_lang,
-                      parameters, engine, [members]}, ...], ...}, "server": {...}} (LitServe's)
+                      parameters, engine, attention_layers, attention_heads, [members]}, ...],
+                      ...}, "server": {...}} (LitServe's)
     GET /            the web page (nmt/web/)
 
 A bad request gets a 400 with {"error": "<one line>"}. It is checked in the worker but never

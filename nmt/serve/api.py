@@ -11,9 +11,11 @@ from fastapi.responses import JSONResponse, Response
 from litserve.loops.simple_loops import SingleLoop
 
 from nmt.alignment import aligned
-from nmt.attention_stats import attention_matrix
+from nmt.attention_stats import attention_matrix, check_attention_choice
 from nmt.data.tokenizer import EOS_PIECE
 from nmt.engines import load_translator
+from nmt.errors import NMTError
+from nmt.serve.models import attention_maps
 from nmt.serve.processes import TimeoutAdvice, worker_loop
 from nmt.serve.request import MAX_PIECES, Job, Rejected, RequestBody, parse_request
 from nmt.translator import source_limit
@@ -21,11 +23,13 @@ from nmt.translator import source_limit
 BATCH_TIMEOUT = 0.02  # seconds the worker waits for more requests to batch with
 
 
-def attention_view(translation) -> dict | None:
-    """The best translation's cross-attention as JSON: source pieces across, target down."""
+def attention_view(translation, layer: int = -1, head: str = "mean") -> dict | None:
+    """The best translation's cross-attention as JSON: source pieces across, target down; for a
+    Transformer, ``layer``'s mean over heads or one head (``head``: "mean" or a head number)."""
     if translation.attention is None:
         return None
-    weights = attention_matrix(translation.attention)  # (T, S), mean over the last layer's heads
+    one_head = None if head == "mean" else int(head)
+    weights = attention_matrix(translation.attention, layer, one_head)  # (T, S)
     target = (translation.pieces + [EOS_PIECE])[: weights.size(0)]
     return {"source": translation.source, "target": target,
             "weights": [[round(w, 4) for w in row] for row in weights.tolist()]}
@@ -42,6 +46,8 @@ class TranslationAPI(litserve.LitAPI):
         self.runs, self.engine, self.default_beam = runs, engine, default_beam
         # as translate's --weights, --precision and --ensemble (the one run's members)
         self.weights, self.precision, self.ensemble = weights, precision, list(ensemble)
+        # model name -> (layers, heads) of the cross-attention maps a request may pick from
+        self.layouts = {name: attention_maps(path, engine) for name, path in runs.items()}
 
     def setup(self, device: str) -> None:
         """Load every model and translate one sentence with each, so that one-time costs
@@ -63,10 +69,18 @@ class TranslationAPI(litserve.LitAPI):
 
     def decode_request(self, request: RequestBody) -> Job | Rejected:
         job = parse_request(request, list(self.runs), self.default_beam)
-        if isinstance(job, Job) and job.alignment and self.ensemble:
+        if isinstance(job, Rejected):
+            return job
+        if job.alignment and self.ensemble:
             return Rejected("'alignment' reads one model's attention, and this server decodes an "
                             "ensemble: serve the run alone, without --ensemble")
-        return self._measure(job) if isinstance(job, Job) else job
+        if not self.ensemble:  # an ensemble answers no attention to pick from
+            try:
+                check_attention_choice(*self.layouts[job.model], job.attention_layer,
+                                       job.attention_head, ("'attention_layer'", "'attention_head'"))
+            except NMTError as err:
+                return Rejected(str(err))
+        return self._measure(job)
 
     def _measure(self, job: Job) -> Job | Rejected:
         """The job with a warning for each text cut to the model's length; a 413 where its
@@ -133,10 +147,11 @@ class TranslationAPI(litserve.LitAPI):
         if job.nbest > 1:  # scores as translate --nbest writes them: log_prob / length penalty
             answer["nbest"] = [[{"text": t.text, "score": round(t.score, 4)} for t in hyps]
                                for hyps in results]
+        choice = job.attention_layer, job.attention_head
         if job.attention:
-            answer["attention"] = [attention_view(t) for t in best]
+            answer["attention"] = [attention_view(t, *choice) for t in best]
         if job.alignment:
-            answer["alignments"] = [aligned(t) for t in best]
+            answer["alignments"] = [aligned(t, *choice) for t in best]
         if job.warnings:
             answer["warnings"] = job.warnings
         return answer

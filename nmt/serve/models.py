@@ -5,6 +5,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from nmt.attention_stats import attention_layout, shape_model
 from nmt.config import load_config, refuse_checkpoint_file
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError
@@ -19,11 +20,22 @@ def model_info(name: str, path: str, engine: str, ensemble: Sequence[str] = ()) 
     included, and the parameters are all runs' together."""
     members = [run_summary(name, path),
                *(run_summary(model_name(member), member) for member in ensemble)]
+    layers, heads = attention_maps(path, engine)
     info = {**members[0], "parameters": sum(map(parameter_count, [path, *ensemble])),
-            "engine": engine}
+            "engine": engine, "attention_layers": layers, "attention_heads": heads}
     if ensemble:
-        info.update(family="ensemble", attention=None, members=members)
+        info.update(family="ensemble", attention=None, attention_layers=None, attention_heads=None,
+                    members=members)
     return info
+
+
+def attention_maps(path: str, engine: str) -> tuple[int, int]:
+    """(layers, heads) of the cross-attention maps a served model's answers read, which a
+    request's "attention_layer" and "attention_head" pick from: the torch engine's from the
+    model its config builds on the meta device, (1, 1) for an RNN's one map and for
+    CTranslate2's (the last layer's mean over heads)."""
+    model = shape_model(load_config(Path(path) / "config.yaml").model) if engine == "torch" else None
+    return attention_layout(model, "cross")
 
 
 def run_summary(name: str, path: str) -> dict:

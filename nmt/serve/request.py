@@ -11,7 +11,8 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 from starlette.exceptions import HTTPException
 
-FIELDS = ("text", "beam", "attention", "alignment", "model", "nbest")
+FIELDS = ("text", "beam", "attention", "alignment", "model", "nbest", "attention_layer",
+          "attention_head")
 MAX_TEXTS = 64  # texts per request: more would hold up everyone batched with it
 MAX_PIECES = 4096  # source pieces per request (after truncation), for the same reason
 MAX_BEAM = 16
@@ -46,6 +47,8 @@ class Job:
     model: str
     nbest: int = 1  # translations per text, best first
     alignment: bool = False  # the best translation's word pairs, as translate --alignment's
+    attention_layer: int = -1  # the map both read, as translate's --attention-layer
+    attention_head: str = "mean"  # and --attention-head: "mean" or a head number
     warnings: list[str] = field(default_factory=list)  # texts cut to the model's length
 
 
@@ -88,7 +91,25 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
             return Rejected(f"'{name}' must be true or false, got {quoted(flag)}")
     if model not in models:
         return Rejected(f"unknown model {quoted(model)}; served: {', '.join(map(quoted, models))}")
-    return Job(texts, whole_beam, attention, model, whole_nbest, alignment=alignment)
+    choice = attention_choice(body)
+    if isinstance(choice, Rejected):
+        return choice
+    return Job(texts, whole_beam, attention, model, whole_nbest, alignment, *choice)
+
+
+def attention_choice(body: dict) -> tuple[int, str] | Rejected:
+    """The cross-attention map that "attention" and "alignment" read: "attention_layer" (an
+    integer from 0, or from -1 back: -1, the default, is the last) and "attention_head" ("mean",
+    the default, or a head number from 0), as translate's --attention-layer and
+    --attention-head take them. Whether the model has that layer and head is checked against
+    it (``TranslationAPI.decode_request``)."""
+    layer = optional(body, "attention_layer", -1)
+    head = optional(body, "attention_head", "mean")
+    if type(integral(layer)) is not int:  # bool is an int: excluded
+        return Rejected(f"'attention_layer' must be an integer (-1: the last layer), got {quoted(layer)}")
+    if head != "mean" and not (type(integral(head)) is int and integral(head) >= 0):
+        return Rejected(f"'attention_head' must be \"mean\" or a head number from 0, got {quoted(head)}")
+    return integral(layer), str(integral(head))
 
 
 def optional(body: dict, key: str, default: Any) -> Any:
