@@ -677,6 +677,40 @@ def test_web_page_translates_and_draws_heatmaps(server, runs, tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)")
+def test_web_page_redraws_the_map_of_the_layer_and_head_picked(server, runs):
+    """A Transformer's card has a layer menu (last, 0, ...) and a head menu (mean, 0, ...) from
+    /info; picking head 1 redraws the card from the server's answer for that head: its word
+    pairs, and a heatmap other than the mean's."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    _, _, sentences = runs
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(server + "/")
+        page.wait_for_selector("#models input[value=first]")
+        page.fill("#source", sentences[1])
+        page.fill("#beam", "1")
+        page.click("#translate")
+        card = page.locator(".card[data-model=first][data-map='-1:mean']")
+        card.locator("canvas[data-drawn]").wait_for(timeout=60_000)
+        assert card.locator("select[name=layer] option").all_inner_texts() == ["last", "0"]
+        assert card.locator("select[name=head] option").all_inner_texts() == ["mean", "0", "1"]
+        mean_map = card.locator("canvas").evaluate("c => c.toDataURL()")
+        card.locator("select[name=head]").select_option("1")
+        card = page.locator(".card[data-model=first][data-map='-1:1']")  # the card drawn anew
+        card.locator("canvas[data-drawn]").wait_for(timeout=60_000)
+        _, answer = request(server + "/translate", {"text": sentences[1:2], "beam": 1,
+                                                    "alignment": True, "attention_head": 1})
+        src, tgt = sentences[1].split(), answer["translations"][0].split(" ")
+        assert card.locator(".alignment span").all_inner_texts() == \
+            [f"{tgt[int(j)]} \u2190 {src[int(i)]}" for i, j in (p.split("-") for p in
+                                                            answer["alignments"][0].split())]
+        assert card.locator("canvas").evaluate("c => c.toDataURL()") != mean_map
+        assert card.locator("select[name=layer]").input_value() == "-1"
+        browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)")
 def test_web_page_shows_only_the_latest_answers_and_their_warnings(server, runs):
     """A click whose answers come late (held back here) no longer adds its cards beside those of
     the click after it; a text cut to the model's length says so on its card."""

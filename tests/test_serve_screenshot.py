@@ -20,9 +20,10 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)")
 MODELS = [  # as /info lists them: an export's name has a dot, the second is an ensemble
     {"name": "small.ct2", "family": "transformer", "attention": "scaled_dot", "src_lang": "de",
-     "tgt_lang": "en", "parameters": 10, "engine": "ctranslate2"},
+     "tgt_lang": "en", "parameters": 10, "engine": "ctranslate2", "attention_layers": 1,
+     "attention_heads": 1},
     {"name": "pair", "family": "ensemble", "attention": None, "src_lang": "de", "tgt_lang": "en",
-     "parameters": 20, "engine": "torch",
+     "parameters": 20, "engine": "torch", "attention_layers": None, "attention_heads": None,
      "members": [{"name": "pair", "family": "transformer", "attention": "scaled_dot"},
                  {"name": "rnn", "family": "rnn", "attention": "additive"}]},
 ]

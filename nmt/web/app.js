@@ -1,10 +1,11 @@
 // The page: list the served models (GET /info), translate the sentence with each chosen
 // model (POST /translate with attention and alignment), draw each model's attention as a
-// heatmap and list the word pairs read off it.
+// heatmap and list the word pairs read off it; a Transformer's card picks the layer and head.
 "use strict";
 
 const CELL = 22;  // pixels per attention cell
 const FONT = "12px system-ui, sans-serif";
+const LAST_LAYER_MEAN = {attention_layer: -1, attention_head: "mean"};  // the server's default map
 
 async function loadModels() {
   const info = await (await fetch("/info")).json();
@@ -24,12 +25,13 @@ async function loadModels() {
 }
 
 // An ensemble has no one attention to align with (the server refuses "alignment" for it).
-async function translateWith(model, text, beam) {
+// ``choice``: the layer and head the map is read from.
+async function translateWith(model, text, beam, choice = LAST_LAYER_MEAN) {
   const response = await fetch("/translate", {
     method: "POST",
     headers: {"Content-Type": "application/json"},
     body: JSON.stringify({text: [text], beam: beam, attention: true, alignment: !model.members,
-                          model: model.name}),
+                          model: model.name, ...(model.members ? {} : choice)}),
   });
   const answer = await response.json();
   if (!response.ok) throw new Error(answer.error || response.statusText);
@@ -95,10 +97,39 @@ function alignmentList(pairs, source, translation) {
   return list;
 }
 
-function card(model, answer, source) {
+// Two menus, a layer ("last" or a number) and a head ("mean" or a number), for a model with
+// more than one map (GET /info's attention_layers and attention_heads); ``pick`` gets the new
+// choice when either changes.
+function choiceMenus(model, choice, pick) {
+  const box = document.createElement("div");
+  box.className = "choice";
+  const menu = (name, first, count, value) => {
+    const select = document.createElement("select");
+    select.name = name;
+    [first, ...Array.from({length: count}, (_, i) => [i, String(i)])].forEach(([v, text]) => {
+      select.add(new Option(text, v, false, String(v) === String(value)));
+    });
+    const label = document.createElement("label");
+    label.append(`${name} `, select);
+    box.appendChild(label);
+    return select;
+  };
+  const layer = menu("layer", [-1, "last"], model.attention_layers, choice.attention_layer);
+  const head = menu("head", ["mean", "mean"], model.attention_heads, choice.attention_head);
+  const changed = () => pick({attention_layer: Number(layer.value),
+                              attention_head: head.value === "mean" ? "mean" : Number(head.value)});
+  layer.addEventListener("change", changed);
+  head.addEventListener("change", changed);
+  return box;
+}
+
+// A model's card; its menus (choiceMenus) translate again with the map picked and redraw it
+// (only the latest pick's answer is drawn, as a click's).
+function card(model, answer, source, beam, choice = LAST_LAYER_MEAN) {
   const div = document.createElement("div");
   div.className = "card";
   div.dataset.model = model.name;
+  div.dataset.map = `${choice.attention_layer}:${choice.attention_head}`;  // "-1:mean": the default
   div.innerHTML = `<h2></h2><div class="meta"></div><div class="translation"></div>`;
   div.querySelector("h2").textContent = model.name;
   div.querySelector(".meta").textContent =
@@ -113,6 +144,21 @@ function card(model, answer, source) {
     p.textContent = w;
     div.appendChild(p);
   });
+  if (answer.attention && answer.attention[0] && model.attention_layers * model.attention_heads > 1) {
+    let latestPick = 0;
+    div.appendChild(choiceMenus(model, choice, async (next) => {
+      const thisPick = ++latestPick;
+      try {
+        const again = await translateWith(model, source, beam, next);
+        if (thisPick === latestPick) div.replaceWith(card(model, again, source, beam, next));
+      } catch (error) {
+        const p = document.createElement("p");
+        p.className = "error";
+        p.textContent = error.message;
+        div.appendChild(p);
+      }
+    }));
+  }
   if (answer.attention && answer.attention[0]) {
     const canvas = document.createElement("canvas");
     div.appendChild(canvas);
@@ -142,7 +188,7 @@ async function run(models) {
   answers.forEach((a, i) => {
     const model = picked[i];
     if (a.status === "fulfilled") {
-      results.appendChild(card(model, a.value, text));
+      results.appendChild(card(model, a.value, text, beam));
     } else {
       const p = document.createElement("p");
       p.className = "error";
