@@ -222,13 +222,18 @@ def attention_layout(model: nn.Module | None, kind: str) -> tuple[int, int]:
 
 
 def check_attention_choice(layers: int, heads: int, layer: int, head: str,
-                           options: tuple[str, str] = ("--attention-layer", "--attention-head")
-                           ) -> None:
+                           options: tuple[str, str] = ("--attention-layer", "--attention-head"),
+                           engine: str = "torch") -> None:
     """``layer`` and ``head`` (mean, all or a head number) must pick from a model's ``layers`` x
-    ``heads`` attention maps; one map (an RNN's, or CTranslate2's) leaves nothing to pick.
-    ``options``: what the errors call the two (translate's flags, or serve's request fields)."""
+    ``heads`` attention maps (``attention_layout``); one map (an RNN's, or CTranslate2's)
+    leaves nothing to pick, and CTranslate2's (``engine``) not even layer 0 or head 0: it is the
+    last layer's mean over heads, which they would mislabel. ``options``: what the errors call
+    the two (translate's flags, or serve's request fields)."""
     if head not in ("mean", "all") and not head.isdecimal():
         raise NMTError(f"{options[1]} must be mean, all or a head number, got '{head}'")
+    if engine != "torch" and (layer != -1 or head not in ("mean", "all")):
+        raise NMTError("an export translated with CTranslate2 gives one attention map, the last "
+                       f"layer's mean over heads: no {options[0]} or {options[1]} to pick")
     if (layers, heads) == (1, 1):
         if layer not in (0, -1) or head not in ("mean", "all", "0"):
             raise NMTError("this model gives one attention map (an RNN's, or CTranslate2's mean of "

@@ -664,13 +664,13 @@ def test_an_export_is_served_with_its_attention(exported, sources):
         assert all(len(row) == len(view["source"]) for row in view["weights"])
         assert all(sum(row) == pytest.approx(1, abs=1e-2) for row in view["weights"])
     assert answer["attention"][-1] is None
-    # its one map (the last layer's mean over heads) leaves no other layer or head to pick
-    assert api.decode_request({"text": ["x"], "attention": True, "attention_layer": 0}).texts \
-        == ["x"]
-    refused = api.decode_request({"text": ["x"], "attention": True, "attention_head": 1})
-    assert refused.message == ("this model gives one attention map (an RNN's, or CTranslate2's mean "
-                               "of the last layer's heads): no 'attention_layer' or "
-                               "'attention_head' to pick")
+    # its one map is the last layer's mean over heads: layer 0 or head 0 would mislabel it
+    assert api.decode_request({"text": ["x"], "attention_layer": -1}).texts == ["x"]
+    for choice in ({"attention_layer": 0}, {"attention_head": 0}):
+        refused = api.decode_request({"text": ["x"], "attention": True, **choice})
+        assert refused.message == ("an export translated with CTranslate2 gives one attention map, "
+                                   "the last layer's mean over heads: no 'attention_layer' or "
+                                   "'attention_head' to pick")
 
 
 def test_an_export_without_room_on_the_device_is_not_called_damaged(exported, tmp_path, capsys,

@@ -24,7 +24,7 @@ import torch
 
 from nmt.attention_stats import attention_matrix
 from nmt.cli import main
-from nmt.translator import Translator, find_checkpoint
+from nmt.translator import Translation, Translator, find_checkpoint
 
 from .conftest import child_processes, tiny_train_args, write_corpus
 
@@ -296,6 +296,31 @@ def test_null_means_the_default_as_an_omitted_field():
              "attention_layer": None, "attention_head": None}
     assert parse_request(nulls, models, 2) == parse_request({"text": ["x"]}, models, 2) \
         == Job(["x"], 2, False, "first")
+
+
+def test_an_answer_reads_the_layer_and_head_its_request_picks(runs):
+    """The map that "attention" draws and "alignment" reads is the one the request picks, from
+    a Transformer's (T, layers, heads, S) attention: here two layers that attend in opposite
+    orders, so that reading the wrong one gives other weights and other word pairs."""
+    from nmt.serve.api import TranslationAPI
+    from nmt.serve.request import Job
+
+    _, paths, _ = runs
+    api = TranslationAPI({"first": str(paths[0])}, "torch", default_beam=1, max_batch=4)
+    diagonal = torch.tensor([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]], dtype=torch.float64)
+    crossed = diagonal[:, [1, 0, 2]]  # "a" to "hund", "dog" to "ein"
+    attention = torch.stack([diagonal, crossed], dim=1)  # (T, layers, S)
+    attention = torch.stack([attention, attention], dim=2)  # (T, layers, heads, S)
+    best = Translation("a dog", -1.0, ["\u2581a", "\u2581dog"], attention,
+                       ["\u2581ein", "\u2581hund", "</s>"])
+    answers = {layer: api._answer(Job(["ein hund"], 1, True, "first", alignment=True,
+                                      attention_layer=layer), [[best]])
+               for layer in (0, 1, -1)}
+    assert answers[0]["attention"][0]["weights"] == diagonal.tolist()
+    assert answers[0]["alignments"] == ["0-0 1-1"]
+    assert answers[1]["attention"][0]["weights"] == crossed.tolist()
+    assert answers[1]["alignments"] == ["1-0 0-1"]
+    assert answers[-1] == answers[1]  # -1 is the last layer
 
 
 def test_a_whole_number_sent_as_a_float_is_an_integer():
@@ -707,6 +732,17 @@ def test_web_page_redraws_the_map_of_the_layer_and_head_picked(server, runs):
                                                             answer["alignments"][0].split())]
         assert card.locator("canvas").evaluate("c => c.toDataURL()") != mean_map
         assert card.locator("select[name=layer]").input_value() == "-1"
+        # A pick that fails says why, once however often, and the menus show the map drawn again.
+        page.evaluate("""() => { window.fetch = async () => new Response(
+            JSON.stringify({error: "the server is down"}), {status: 500}); }""")
+        drawn = card.locator("canvas").evaluate("c => c.toDataURL()")
+        for head in ("0", "mean"):
+            card.locator("select[name=head]").select_option(head)
+            card.locator(".error").wait_for(timeout=60_000)
+            page.wait_for_function("() => document.querySelector('.card[data-model=first] "
+                                   "select[name=head]').value === '1'", timeout=60_000)
+        assert card.locator(".error").all_inner_texts() == ["the server is down"]
+        assert card.locator("canvas").evaluate("c => c.toDataURL()") == drawn
         browser.close()
 
 
@@ -891,8 +927,11 @@ def test_an_ensemble_is_served_as_one_model(runs):
     rejected = api.decode_request({"text": sentences[:1], "alignment": True})
     assert rejected.message.startswith("'alignment' reads one model's attention, and this server "
                                        "decodes an ensemble") and rejected.status == 400
+    assert api.decode_request({"text": sentences[:1], "attention_head": 0}).message == \
+        "an ensemble answers no attention map: no 'attention_layer' or 'attention_head' to pick"
     info = model_info("first", first, "torch", [second])
     assert (info["family"], info["attention"]) == ("ensemble", None)
+    assert (info["attention_layers"], info["attention_heads"]) == (None, None)
     assert [(m["name"], m["family"], m["attention"]) for m in info["members"]] == [
         ("first", "transformer", "scaled_dot"), ("second", "transformer", "scaled_dot")]
     assert info["parameters"] == sum(p.numel() for p in ensemble.model.parameters())

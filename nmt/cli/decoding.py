@@ -347,13 +347,10 @@ def check_picture_choice(args: argparse.Namespace) -> None:
         return
     from nmt.attention_stats import attention_layout, check_attention_choice, shape_model
 
-    if args.engine != "torch" and (args.attention_layer != -1 or args.attention_head not in ("mean", "all")):
-        # its one map is the last layer's mean over heads: "layer 0" would be that map, mislabelled
-        raise NMTError("an export translated with CTranslate2 gives one attention map, the last "
-                       "layer's mean over heads: no --attention-layer or --attention-head to pick")
     model = shape_model(run_config(args.checkpoint).model) if args.engine == "torch" else None
     layers, heads = attention_layout(model, args.attention_kind)
-    check_attention_choice(layers, heads, args.attention_layer, args.attention_head)
+    check_attention_choice(layers, heads, args.attention_layer, args.attention_head,
+                           engine=args.engine)
 
 
 @contextmanager

@@ -90,7 +90,7 @@ class _SkipNormalFill(TorchFunctionMode):
     """``nn.init.normal_`` and ``Tensor.normal_`` as no-ops (both: a mode does not see the calls
     made inside a function it passes on). On the meta device there are no values to fill, and torch
     decomposes ``normal_`` there in Python behind ``torch._dynamo.disable``, whose first call
-    imports torch._dynamo: 2.5 s of a server's start on a slow CPU for a fill of nothing. The
+    imports torch._dynamo: 2 s of a server's start on a slow CPU for a fill of nothing. The
     other fills (uniform_, zero_, ...) have meta kernels and cost nothing."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

@@ -37,7 +37,7 @@ def sinusoids(length: int, dim: int) -> Tensor:
     table = torch.zeros(length, dim, device="cpu")
     table[:, 0::2] = torch.sin(position * frequency)
     table[:, 1::2] = torch.cos(position * frequency)
-    return table.to(torch.get_default_device())
+    return table.to(torch.empty(()).device)  # the default device, a `with torch.device` one too
 
 
 class Residual(nn.Module):

@@ -46,8 +46,10 @@ class TranslationAPI(litserve.LitAPI):
         self.runs, self.engine, self.default_beam = runs, engine, default_beam
         # as translate's --weights, --precision and --ensemble (the one run's members)
         self.weights, self.precision, self.ensemble = weights, precision, list(ensemble)
-        # model name -> (layers, heads) of the cross-attention maps a request may pick from
-        self.layouts = {name: attention_maps(path, engine) for name, path in runs.items()}
+        # model name -> (layers, heads) of the cross-attention maps a request may pick from (an
+        # ensemble answers none)
+        self.layouts = {} if ensemble else {name: attention_maps(path, engine)
+                                            for name, path in runs.items()}
 
     def setup(self, device: str) -> None:
         """Load every model and translate one sentence with each, so that one-time costs
@@ -74,13 +76,25 @@ class TranslationAPI(litserve.LitAPI):
         if job.alignment and self.ensemble:
             return Rejected("'alignment' reads one model's attention, and this server decodes an "
                             "ensemble: serve the run alone, without --ensemble")
-        if not self.ensemble:  # an ensemble answers no attention to pick from
-            try:
-                check_attention_choice(*self.layouts[job.model], job.attention_layer,
-                                       job.attention_head, ("'attention_layer'", "'attention_head'"))
-            except NMTError as err:
-                return Rejected(str(err))
-        return self._measure(job)
+        return self._check_attention_choice(job) or self._measure(job)
+
+    def _check_attention_choice(self, job: Job) -> Rejected | None:
+        """A 400 where the job's "attention_layer" or "attention_head" picks a map its model
+        lacks (as translate's check of --attention-layer and --attention-head), or any map but
+        the default from an ensemble, which answers none; None where the choice is fine. Checked
+        whether or not the job asks for attention or alignments: a client's mistake is named."""
+        fields = ("'attention_layer'", "'attention_head'")
+        if self.ensemble:
+            if (job.attention_layer, job.attention_head) == (-1, "mean"):
+                return None
+            return Rejected(f"an ensemble answers no attention map: no {fields[0]} or {fields[1]} "
+                            "to pick")
+        try:
+            check_attention_choice(*self.layouts[job.model], job.attention_layer,
+                                   job.attention_head, fields, self.engine)
+        except NMTError as err:
+            return Rejected(str(err))
+        return None
 
     def _measure(self, job: Job) -> Job | Rejected:
         """The job with a warning for each text cut to the model's length; a 413 where its

@@ -103,13 +103,15 @@ def attention_choice(body: dict) -> tuple[int, str] | Rejected:
     the default, or a head number from 0), as translate's --attention-layer and
     --attention-head take them. Whether the model has that layer and head is checked against
     it (``TranslationAPI.decode_request``)."""
-    layer = optional(body, "attention_layer", -1)
-    head = optional(body, "attention_head", "mean")
-    if type(integral(layer)) is not int:  # bool is an int: excluded
-        return Rejected(f"'attention_layer' must be an integer (-1: the last layer), got {quoted(layer)}")
-    if head != "mean" and not (type(integral(head)) is int and integral(head) >= 0):
-        return Rejected(f"'attention_head' must be \"mean\" or a head number from 0, got {quoted(head)}")
-    return integral(layer), str(integral(head))
+    layer = integral(optional(body, "attention_layer", -1))
+    head = integral(optional(body, "attention_head", "mean"))
+    if type(layer) is not int:  # bool is an int: excluded
+        return Rejected("'attention_layer' must be an integer (-1: the last layer), got "
+                        f"{quoted(body['attention_layer'])}")
+    if head != "mean" and not (type(head) is int and head >= 0):
+        return Rejected("'attention_head' must be \"mean\" or a head number from 0, got "
+                        f"{quoted(body['attention_head'])}")
+    return layer, str(head)
 
 
 def optional(body: dict, key: str, default: Any) -> Any:

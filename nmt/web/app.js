@@ -106,6 +106,7 @@ function choiceMenus(model, choice, pick) {
   const menu = (name, first, count, value) => {
     const select = document.createElement("select");
     select.name = name;
+    select.dataset.drawn = String(value);  // the map on the card, which a failed pick goes back to
     [first, ...Array.from({length: count}, (_, i) => [i, String(i)])].forEach(([v, text]) => {
       select.add(new Option(text, v, false, String(v) === String(value)));
     });
@@ -152,10 +153,15 @@ function card(model, answer, source, beam, choice = LAST_LAYER_MEAN) {
         const again = await translateWith(model, source, beam, next);
         if (thisPick === latestPick) div.replaceWith(card(model, again, source, beam, next));
       } catch (error) {
-        const p = document.createElement("p");
-        p.className = "error";
+        if (thisPick !== latestPick) return;
+        div.querySelectorAll(".choice select").forEach((s) => { s.value = s.dataset.drawn; });
+        let p = div.querySelector(".error");  // one error on the card: the latest pick's
+        if (!p) {
+          p = document.createElement("p");
+          p.className = "error";
+          div.appendChild(p);
+        }
         p.textContent = error.message;
-        div.appendChild(p);
       }
     }));
   }
