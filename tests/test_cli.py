@@ -1366,7 +1366,7 @@ def test_a_stop_while_a_config_is_read_is_taken_once_it_is_read(monkeypatch):
 
     from omegaconf import OmegaConf
 
-    from nmt.config import load_config
+    from nmt.config import _resolved, load_config
     from nmt.errors import Stopped, raise_stopped
 
     create, read = OmegaConf.create, []
@@ -1377,6 +1377,7 @@ def test_a_stop_while_a_config_is_read_is_taken_once_it_is_read(monkeypatch):
 
     monkeypatch.setattr(OmegaConf, "create", stopped_inside)
     monkeypatch.setattr("nmt.config.expand_home", read.append)  # the config's last step
+    _resolved.cache_clear()  # resolved anew, not remembered from another test's load
     previous = signal.signal(signal.SIGTERM, raise_stopped)
     try:
         with pytest.raises(Stopped):
@@ -1384,6 +1385,24 @@ def test_a_stop_while_a_config_is_read_is_taken_once_it_is_read(monkeypatch):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert len(read) == 1  # read whole, then stopped
+
+
+def test_a_config_loaded_again_is_the_files_own_and_the_callers_to_change(tmp_path, monkeypatch):
+    """load_config remembers what it resolved (nmt compare resolves each cell's config several
+    times), yet each call gets its own copy to change, a file changed since is read anew, and ~
+    is expanded for the home of the call."""
+    from nmt.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {vocab_size: 300, data_dir: ~/d}\n", encoding="utf-8")
+    first = load_config(path, ["model.attention=dot"])
+    first.data.vocab_size, first.model["attention"] = 1, "changed"
+    again = load_config(path, ["model.attention=dot"])
+    assert (again.data.vocab_size, again.model["attention"]) == (300, "dot")
+    path.write_text("data: {vocab_size: 400, data_dir: ~/d}\n", encoding="utf-8")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    changed = load_config(path, ["model.attention=dot"])
+    assert (changed.data.vocab_size, changed.data.data_dir) == (400, str(tmp_path / "home" / "d"))
 
 
 @pytest.mark.parametrize("option, message", [
