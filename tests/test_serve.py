@@ -15,8 +15,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -659,21 +660,32 @@ def test_page_and_script_are_served(server):
     assert status == 200 and "function drawHeatmap" in script
 
 
+@contextmanager
+def translated_page(server: str, text: str, also: Sequence[str] = ()):
+    """The page in headless Chromium, ``text`` translated at beam 1 by the first model (ticked
+    already) and the models named in ``also``."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(server + "/")
+        page.wait_for_selector("#models input[value=first]")
+        for name in also:
+            page.check(f"#models input[value={name}]")
+        page.fill("#source", text)
+        page.fill("#beam", "1")
+        page.click("#translate")
+        yield page
+        browser.close()
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)")
 def test_web_page_translates_and_draws_heatmaps(server, runs, tmp_path):
     """Headless Chromium: pick both models, translate, see both translations, their word
     alignments (each target word beside its source word, as the server's pairs say) and
     heatmaps."""
-    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
     translators, _, sentences = runs
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page()
-        page.goto(server + "/")
-        page.check("#models input[value=second]")
-        page.fill("#source", sentences[0])
-        page.fill("#beam", "1")
-        page.click("#translate")
+    with translated_page(server, sentences[0], also=["second"]) as page:
         page.wait_for_selector(".card[data-model=second] canvas[data-drawn]", timeout=60_000)
         for name in ("first", "second"):
             card = page.locator(f".card[data-model={name}]")
@@ -697,7 +709,6 @@ def test_web_page_translates_and_draws_heatmaps(server, runs, tmp_path):
                 " if (d[i] < 250 && d[i + 2] > d[i]) n++; return n; }")
             assert blue > 100
         page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
-        browser.close()
     assert (tmp_path / "page.png").stat().st_size > 0
 
 
@@ -706,16 +717,8 @@ def test_web_page_redraws_the_map_of_the_layer_and_head_picked(server, runs):
     """A Transformer's card has a layer menu (last, 0, ...) and a head menu (mean, 0, ...) from
     /info; picking head 1 redraws the card from the server's answer for that head: its word
     pairs, and a heatmap other than the mean's."""
-    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
     _, _, sentences = runs
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page()
-        page.goto(server + "/")
-        page.wait_for_selector("#models input[value=first]")
-        page.fill("#source", sentences[1])
-        page.fill("#beam", "1")
-        page.click("#translate")
+    with translated_page(server, sentences[1]) as page:
         card = page.locator(".card[data-model=first][data-map='-1:mean']")
         card.locator("canvas[data-drawn]").wait_for(timeout=60_000)
         assert card.locator("select[name=layer] option").all_inner_texts() == ["last", "0"]
@@ -743,7 +746,6 @@ def test_web_page_redraws_the_map_of_the_layer_and_head_picked(server, runs):
                                    "select[name=head]').value === '1'", timeout=60_000)
         assert card.locator(".error").all_inner_texts() == ["the server is down"]
         assert card.locator("canvas").evaluate("c => c.toDataURL()") == drawn
-        browser.close()
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)")
