@@ -184,8 +184,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
             raise NMTError(f"{path} is not valid YAML: {err}".splitlines()[0]) from None
-    # a copy: the caller may change it, and the next caller gets the file's config
-    config = copy.deepcopy(_resolved(None if path is None else str(path), text, tuple(overrides)))
+    # An interpolation may read the environment (${oc.env:HOME}): such a config is resolved
+    # anew; any other is remembered, and copied, as the caller may change it.
+    fresh = any("${" in layer for layer in (text or "", *overrides))
+    resolve = _resolved.__wrapped__ if fresh else _resolved
+    config = copy.deepcopy(resolve(None if path is None else str(path), text, tuple(overrides)))
     expand_home(config)
     return config
 
@@ -193,8 +196,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
 @functools.lru_cache(maxsize=256)
 def _resolved(path: str | None, text: str | None, overrides: tuple[str, ...]) -> Config:
     """The config of a file's ``text`` and ``overrides`` (see ``load_config``), before ``~`` is
-    expanded. Remembered: it depends on its arguments alone, and a study resolves each cell's
-    config several times (keying, references, test sets), 40-65 ms each on a slow CPU."""
+    expanded. Remembered: without interpolations it depends on its arguments alone, and a study
+    resolves each cell's config several times (keying, references, test sets), 40-65 ms each
+    on a slow CPU."""
     layers = []
     if text is not None:
         try:

@@ -1389,8 +1389,9 @@ def test_a_stop_while_a_config_is_read_is_taken_once_it_is_read(monkeypatch):
 
 def test_a_config_loaded_again_is_the_files_own_and_the_callers_to_change(tmp_path, monkeypatch):
     """load_config remembers what it resolved (nmt compare resolves each cell's config several
-    times), yet each call gets its own copy to change, a file changed since is read anew, and ~
-    is expanded for the home of the call."""
+    times), yet each call gets its own copy to change, a file changed since is read anew, ~ is
+    expanded for the home of the call, and an environment variable read by an interpolation
+    is read again."""
     from nmt.config import load_config
 
     path = tmp_path / "c.yaml"
@@ -1403,6 +1404,9 @@ def test_a_config_loaded_again_is_the_files_own_and_the_callers_to_change(tmp_pa
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     changed = load_config(path, ["model.attention=dot"])
     assert (changed.data.vocab_size, changed.data.data_dir) == (400, str(tmp_path / "home" / "d"))
+    for value in ("first", "second"):
+        monkeypatch.setenv("NMT_TEST_DATA", value)
+        assert load_config(path, ["data.data_dir=${oc.env:NMT_TEST_DATA}"]).data.data_dir == value
 
 
 @pytest.mark.parametrize("option, message", [

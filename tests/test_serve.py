@@ -675,8 +675,10 @@ def translated_page(server: str, text: str, also: Sequence[str] = ()):
         page.fill("#source", text)
         page.fill("#beam", "1")
         page.click("#translate")
-        yield page
-        browser.close()
+        try:
+            yield page
+        finally:
+            browser.close()
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)")
