@@ -1,11 +1,14 @@
 """The models a server serves: their names, their directories checked, and what /info says
 of each (read from their configs, without loading weights)."""
 
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from nmt.attention_stats import attention_layout, shape_model
+from torch import nn
+
+from nmt.attention_stats import attention_layout
 from nmt.config import load_config, refuse_checkpoint_file
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError
@@ -20,22 +23,22 @@ def model_info(name: str, path: str, engine: str, ensemble: Sequence[str] = ()) 
     included, and the parameters are all runs' together."""
     members = [run_summary(name, path),
                *(run_summary(model_name(member), member) for member in ensemble)]
-    layers, heads = attention_maps(path, engine)
     info = {**members[0], "parameters": sum(map(parameter_count, [path, *ensemble])),
-            "engine": engine, "attention_layers": layers, "attention_heads": heads}
+            "engine": engine}
     if ensemble:
         info.update(family="ensemble", attention=None, attention_layers=None, attention_heads=None,
                     members=members)
+    else:
+        info["attention_layers"], info["attention_heads"] = attention_maps(path, engine)
     return info
 
 
 def attention_maps(path: str, engine: str) -> tuple[int, int]:
     """(layers, heads) of the cross-attention maps a served model's answers read, which a
     request's "attention_layer" and "attention_head" pick from: the torch engine's from the
-    model its config builds on the meta device, (1, 1) for an RNN's one map and for
-    CTranslate2's (the last layer's mean over heads)."""
-    model = shape_model(load_config(Path(path) / "config.yaml").model) if engine == "torch" else None
-    return attention_layout(model, "cross")
+    model its config builds (``run_shape``), (1, 1) for an RNN's one map and for CTranslate2's
+    (the last layer's mean over heads)."""
+    return attention_layout(run_shape(path) if engine == "torch" else None, "cross")
 
 
 def run_summary(name: str, path: str) -> dict:
@@ -47,9 +50,16 @@ def run_summary(name: str, path: str) -> dict:
 
 def parameter_count(run_dir: str) -> int:
     """The parameters of a run's model, counted from its config and vocabulary."""
+    return sum(p.numel() for p in run_shape(run_dir).parameters())
+
+
+@functools.cache
+def run_shape(run_dir: str) -> nn.Module:
+    """A run's model on the meta device (``build_shape_model``), from its config and vocabulary:
+    built once for /info and the API's layer checks. Read, never changed (a weights check,
+    which assigns its tensors, builds its own)."""
     config = load_config(Path(run_dir) / "config.yaml")
-    model = build_shape_model(config.model, len(Tokenizer(Path(run_dir) / "spm.model")))
-    return sum(p.numel() for p in model.parameters())
+    return build_shape_model(config.model, len(Tokenizer(Path(run_dir) / "spm.model")))
 
 
 def model_name(path: str | Path) -> str:
