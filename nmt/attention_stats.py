@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.attention import MultiHeadAttention, Scorer
-from nmt.errors import NMTError
+from nmt.errors import NMTError, echoed
 
 DIAGONAL_BAND = 2.0  # source pieces either side of the diagonal
 KINDS = ("encoder", "decoder", "cross")
@@ -230,7 +230,7 @@ def check_attention_choice(layers: int, heads: int, layer: int, head: str,
     last layer's mean over heads, which they would mislabel. ``options``: what the errors call
     the two (translate's flags, or serve's request fields)."""
     if head not in ("mean", "all") and not head.isdecimal():
-        raise NMTError(f"{options[1]} must be mean, all or a head number, got '{head}'")
+        raise NMTError(f"{options[1]} must be mean, all or a head number, got '{echoed(head)}'")
     if engine != "torch" and (layer != -1 or head not in ("mean", "all")):
         raise NMTError("an export translated with CTranslate2 gives one attention map, the last "
                        f"layer's mean over heads: no {options[0]} or {options[1]} to pick")
@@ -238,10 +238,16 @@ def check_attention_choice(layers: int, heads: int, layer: int, head: str,
         if layer not in (0, -1) or head not in ("mean", "all", "0"):
             raise NMTError("this model gives one attention map (an RNN's, or CTranslate2's mean of "
                            f"the last layer's heads): no {options[0]} or {options[1]} to pick")
-    elif not -layers <= layer < layers or (head.isdecimal() and int(head) >= heads):
-        raise NMTError(f"no attention layer {layer} / head {head} in this model: it has {layers} "
-                       f"layer{'s' * (layers != 1)} and {heads} head{'s' * (heads != 1)}, counted "
-                       "from 0 (layer -1 is the last)")
+    elif not -layers <= layer < layers or (head.isdecimal() and not number_below(head, heads)):
+        raise NMTError(f"no attention layer {echoed(str(layer))} / head {echoed(head)} in this "
+                       f"model: it has {layers} layer{'s' * (layers != 1)} and {heads} "
+                       f"head{'s' * (heads != 1)}, counted from 0 (layer -1 is the last)")
+
+
+def number_below(digits: str, bound: int) -> bool:
+    """Whether the number ``digits`` writes is below ``bound``; int() would refuse one of more
+    than 4,300 digits with a traceback, and none of more than nine is a head's number."""
+    return len(digits.lstrip("0")) <= 9 and int(digits) < bound
 
 
 def attention_matrix(attention: Tensor, layer: int = -1, head: int | None = None) -> Tensor:

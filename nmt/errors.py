@@ -15,6 +15,13 @@ class NMTError(Exception):
     """A user-facing error: bad input, missing files, unknown names. No traceback is shown."""
 
 
+def echoed(text: str, limit: int = 60) -> str:
+    """What a user gave, as an error repeats it: at most ``limit`` characters, so that a
+    field of a megabyte, or the 301 digits of 1e300 as an integer, cannot swamp the one line
+    (or a server's 400) that says what was wrong."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 class UsageError(NMTError):
     """A command line the parser could not take (an unknown option, an argument too many):
     exit status 2, as argparse's own refusals, where an error in what it asked is 1."""

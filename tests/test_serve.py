@@ -275,6 +275,10 @@ def test_attention_and_alignments_read_the_layer_and_head_asked_for(server, runs
      "no attention layer 1 / head mean in this model: it has 1 layer and 2 heads, counted from 0"),
     ({"text": ["x"], "attention_layer": -2}, "no attention layer -2 / head mean in this model"),
     ({"text": ["x"], "attention_head": 2, "alignment": True}, "no attention layer -1 / head 2 in"),
+    # what a client sent is repeated shortened: 1e300 is an integer of 301 digits
+    ({"text": ["x"], "attention_layer": 1e300},
+     f"no attention layer {str(int(1e300))[:57]}... / head mean in this model"),
+    ({"text": ["x"], "beam": "5" * 10_000}, f'got "{"5" * 56}...'),  # 60 characters
     ({"text": ["x"], "model": "third"}, 'unknown model "third"; served: "first", "second"'),
     ({"text": ["x"], "model": "modèle"}, 'unknown model "modèle"'),  # as sent, not \\u00e8
     ({"text": ["x"], "txet": 1}, 'unknown field "txet"'),
@@ -296,6 +300,7 @@ def test_attention_and_alignments_read_the_layer_and_head_asked_for(server, runs
 def test_bad_request_gets_one_line_400(server, body, message):
     status, answer = request(server + "/translate", body)
     assert status == 400 and message in answer["error"] and "\n" not in answer["error"]
+    assert len(answer["error"]) < 250
 
 
 def test_null_means_the_default_as_an_omitted_field():

@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 from starlette.exceptions import HTTPException
 
+from nmt.errors import echoed
+
 FIELDS = ("text", "beam", "attention", "alignment", "model", "nbest", "attention_layer",
           "attention_head")
 MAX_TEXTS = 64  # texts per request: more would hold up everyone batched with it
@@ -129,10 +131,11 @@ def integral(value: Any) -> Any:
 
 
 def quoted(value: Any) -> str:
-    """``value`` as JSON writes it, a lone surrogate escaped too: a client's key or model name
-    in an error can break neither the answer's UTF-8 (a 500 for every request batched with it)
-    nor its one line."""
-    return json.dumps(value, ensure_ascii=False).encode("utf-8", "backslashreplace").decode("utf-8")
+    """``value`` as JSON writes it, a lone surrogate escaped too, and shortened (``echoed``): a
+    client's key or model name in an error can break neither the answer's UTF-8 (a 500 for
+    every request batched with it) nor its one line."""
+    text = json.dumps(value, ensure_ascii=False).encode("utf-8", "backslashreplace").decode("utf-8")
+    return echoed(text)
 
 
 def _is_unicode(text: str) -> bool:
