@@ -23,6 +23,9 @@ Shapes: B batch, H heads, T query rows, S keys.
 
 from __future__ import annotations
 
+import functools
+import json
+
 import torch
 from torch import Tensor, nn
 
@@ -54,6 +57,14 @@ def attention_key_size(model_cfg: dict) -> int:
     heads in a Transformer, hidden_size in the RNN, and whatever a new family's scorer is built
     with; read from the ``shape_model`` of the config section. A config no family builds, or
     whose model attends to nothing, is an NMTError."""
+    # A study's records repeat a few model sections (one per cell and seed, checked and then
+    # tabled): each is built once.
+    return _key_size(json.dumps(model_cfg, sort_keys=True))
+
+
+@functools.cache
+def _key_size(model_json: str) -> int:
+    model_cfg = json.loads(model_json)
     model = shape_model(model_cfg)
     sizes = [module.key_dim for name, module in model.named_modules()
              if isinstance(module, Scorer) and attention_kind(name) == "cross"]
