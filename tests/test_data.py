@@ -291,6 +291,22 @@ def test_two_preparations_of_one_folder_take_turns(tmp_path, monkeypatch):
     assert len(builds) == 1 and found == [folder] and (folder / "meta.json").is_file()
 
 
+def test_a_prepared_folder_without_its_meta_json_is_prepared_again(tmp_path, capsys):
+    """Its meta.json deleted (to prepare it again; ``nmt prepare --list`` calls such a folder
+    "not a complete prepared folder"): the build's rename into it failed, "Directory not
+    empty", naming the build's temporary folder, on every later prepare or train."""
+    files = write_corpus(tmp_path)
+    cfg = DataConfig(data_dir=str(tmp_path / "data"), train_files=files["train"],
+                     val_files=files["val"], vocab_size=120)
+    folder = prepare(cfg)
+    (folder / "meta.json").unlink()
+    (folder / "stale").write_text("left by hand")
+    assert prepare(cfg) == folder
+    assert (folder / "meta.json").is_file() and not (folder / "stale").exists()
+    assert f"removing {folder}: it has no meta.json" in capsys.readouterr().err
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no build left behind
+
+
 def _local_layout(folder, files) -> DataConfig:
     """The write_corpus files as a local corpus folder data_dir/toy/{train,val}.{de,en}."""
     corpus = folder / "toy"

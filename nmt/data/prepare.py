@@ -113,6 +113,7 @@ def _prepare_into(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> 
     """Build ``folder`` (``prepare``, by the process that holds its lock)."""
     print(f"preparing {folder} ...", file=sys.stderr, flush=True)
     remove_abandoned_builds(folder)
+    remove_incomplete(folder)
     tmp = folder.with_name(f"{_build_prefix(folder)}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -155,6 +156,16 @@ def remove_abandoned_builds(folder: Path) -> None:
         pid = path.name[len(prefix):]
         if pid.isdecimal() and not process_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_incomplete(folder: Path) -> None:
+    """``folder`` where it stands without its meta.json: a build renames itself into place
+    with it, so this one was changed by hand (its meta.json deleted to prepare it again, as
+    ``nmt prepare --list`` shows it: "not a complete prepared folder"). The build's rename
+    would fail on it, every time."""
+    if folder.exists():
+        print(f"removing {folder}: it has no meta.json", file=sys.stderr, flush=True)
+        shutil.rmtree(folder)
 
 
 def process_alive(pid: int) -> bool:
