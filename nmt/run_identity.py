@@ -10,36 +10,60 @@ carries it into its average, and what loads a checkpoint into a run (translate, 
 serve, export, average, resume) refuses one whose identity is not the run's; checkpoints
 averaged in a folder that cannot tell its run (no config.yaml) must name one run.
 
-A checkpoint written before the identity was kept has none and loads unchecked, as before.
+A checkpoint written before the identity was kept has none and loads unchecked, as before;
+one written before it kept the model's options (``model``) is checked without them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from pathlib import Path
+from typing import Any
 
 from nmt.config import Config, run_config
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NMTError
-from nmt.models import scorer_of
+from nmt.models import check_model_config, scorer_of
+from nmt.models.base import model_option
 
-IDENTITY_KEY = "nmt_identity"  # in a checkpoint: {"pair", "family", "attention", "pieces"}
+# In a checkpoint: {"pair", "family", "attention", "pieces", "model"}
+IDENTITY_KEY = "nmt_identity"
 
 
-def run_identity(config: Config, tokenizer: Tokenizer) -> dict[str, str]:
+def run_identity(config: Config, tokenizer: Tokenizer) -> dict[str, Any]:
     """The identity of a run of ``config`` over ``tokenizer``: its language pair, model family,
-    attention scorer (the family's default where the config leaves it out) and a digest of
+    attention scorer (the family's default where the config leaves it out), a digest of
     its SentencePiece vocabulary (``Tokenizer.vocabulary``: each id's piece and score, not the
-    file's bytes, which differ between models trained on the same text on two machines)."""
+    file's bytes, which differ between models trained on the same text on two machines), and
+    the ``model_options`` its weights compute with."""
     pieces = json.dumps(tokenizer.vocabulary(), ensure_ascii=False)
     return {"pair": f"{config.data.src_lang}->{config.data.tgt_lang}",
             "family": str(config.model.get("family")),
             "attention": str(scorer_of(config.model)),
-            "pieces": hashlib.sha1(pieces.encode()).hexdigest()}
+            "pieces": hashlib.sha1(pieces.encode()).hexdigest(),
+            "model": model_options(config.model)}
 
 
-def identity_of_run(run_dir: Path) -> dict[str, str] | None:
+def model_options(model_cfg: dict[str, Any]) -> dict[str, Any]:
+    """What a model's weights compute with: every option of its family's constructor, its
+    default where the config leaves it out, but those that act in training alone (dropout,
+    initialisation). Weights of a Transformer trained with 4 heads load into one of 2 (the
+    same shapes) and translate wrongly there."""
+    cls, kwargs = check_model_config(model_cfg)
+    return {name: model_option(cls, kwargs, name) for name in inspect.signature(cls).parameters
+            if name != "vocab_size" and "dropout" not in name and not name.endswith("_init")}
+
+
+def options_differ(theirs: dict[str, Any], ours: dict[str, Any]) -> str:
+    """The options two ``model_options`` differ in, as "heads 4, not 2"; "" where none does."""
+    return "; ".join(f"{name} {theirs.get(name)}, not {ours.get(name)}"
+                     for name in sorted(theirs.keys() | ours.keys())
+                     if theirs.get(name) != ours.get(name))
+
+
+def identity_of_run(run_dir: Path) -> dict[str, Any] | None:
     """``run_identity`` of the training run in ``run_dir``; None where it has no config.yaml
     or spm.model to tell it (a folder of checkpoints alone)."""
     if not ((run_dir / "config.yaml").is_file() and (run_dir / "spm.model").is_file()):
@@ -50,7 +74,7 @@ def identity_of_run(run_dir: Path) -> dict[str, str] | None:
 LOADED_WRONGLY = "its weights would translate wrongly there; use it with the run that trained it"
 
 
-def check_identity(checkpoint: dict, expected: dict[str, str] | None, path: Path,
+def check_identity(checkpoint: dict, expected: dict[str, Any] | None, path: Path,
                    run_dir: Path | None, harm: str = LOADED_WRONGLY) -> None:
     """A one-line error where ``checkpoint`` (read from ``path``) holds an identity other than
     ``expected``, the identity of the run ``run_dir`` it is loaded into (or of the checkpoint
@@ -60,12 +84,14 @@ def check_identity(checkpoint: dict, expected: dict[str, str] | None, path: Path
     if expected is None or not isinstance(theirs, dict):
         return
     differs = {  # the plainest difference first
-        "pair": f"trained {theirs.get('pair')}, not {expected['pair']} as {run_dir}",
-        "family": f"a {theirs.get('family')} model, not {expected['family']} as {run_dir}",
-        "attention": f"with {theirs.get('attention')} attention, not {expected['attention']} "
+        "pair": f"trained {theirs.get('pair')}, not {expected.get('pair')} as {run_dir}",
+        "family": f"a {theirs.get('family')} model, not {expected.get('family')} as {run_dir}",
+        "attention": f"with {theirs.get('attention')} attention, not {expected.get('attention')} "
                      f"as {run_dir}",
         "pieces": f"over another SentencePiece model's pieces than {run_dir}'s",
+        "model": f"with other model options than {run_dir} ("
+                 f"{options_differ(theirs.get('model') or {}, expected.get('model') or {})})",
     }
-    for key, why in differs.items():
-        if key in theirs and theirs[key] != expected[key]:
+    for key, why in differs.items():  # a key of one identity alone: kept before the other was
+        if key in theirs and key in expected and theirs[key] != expected[key]:
             raise NMTError(f"{path} is a checkpoint of another run, {why}: {harm}")

@@ -27,7 +27,7 @@ from nmt.files import refuse_export
 from nmt.models import build_model, build_shape_model, scorer_of
 from nmt.models.ensemble import Ensemble
 from nmt.precision import autocast_dtype, decoding_precision
-from nmt.run_identity import check_identity, identity_of_run
+from nmt.run_identity import check_identity, identity_of_run, model_options, options_differ
 from nmt.search import Hypothesis, beam_search, greedy_search
 
 
@@ -193,9 +193,10 @@ def _weights_elsewhere(run_dir: Path, weights: str, given: Path) -> str:
 def check_weights_of(run_dir: Path, path: Path) -> None:
     """A one-line error where ``path``, a weights file ``--weights`` names, is a checkpoint of
     another training run that decodes otherwise than ``run_dir``: of another language pair,
-    scorer or SentencePiece model. Weights of the same shapes load into ``run_dir``'s model
-    whatever run wrote them, and would translate silently wrong (into the source language,
-    with a scorer they were not trained with, their piece ids read as other pieces). A run's
+    scorer, model options (``model_options``) or SentencePiece model. Weights of the same
+    shapes load into ``run_dir``'s model whatever run wrote them, and would translate silently
+    wrong (into the source language, with a scorer or heads they were not trained with, their
+    piece ids read as other pieces). A run's
     checkpoints are its best.ckpt, last.ckpt, averaged.ckpt and those in its steps/; another
     file in it may be another run's (``nmt average --out`` writes a new .ckpt anywhere)."""
     if path.name in RUN_WEIGHTS:
@@ -214,6 +215,8 @@ def check_weights_of(run_dir: Path, path: Path) -> None:
         differs = f"trained {pairs[1]}, not {pairs[0]} as {run_dir}"
     elif scorers[0] != scorers[1]:
         differs = f"with {scorers[1]} attention, not {scorers[0]} as {run_dir}"
+    elif options := options_differ(model_options(theirs.model), model_options(config.model)):
+        differs = f"with other model options than {run_dir} ({options})"
     elif Tokenizer(other / "spm.model").vocabulary() != Tokenizer(run_dir / "spm.model").vocabulary():
         differs = f"whose SentencePiece model is not {run_dir}'s"
     else:

@@ -845,7 +845,7 @@ def test_weights_that_cannot_decode_are_named_in_one_line(run, tmp_path, capsys,
         check_run_weights(other)
 
 
-@pytest.mark.parametrize("change", ["pair", "attention", "pieces"])
+@pytest.mark.parametrize("change", ["pair", "attention", "heads", "pieces"])
 def test_weights_of_another_run_that_decodes_otherwise_are_refused(run, corpus, tmp_path, capsys,
                                                                     change):
     """--weights may name a file outside the run, and weights of the same shapes load into
@@ -868,6 +868,8 @@ def test_weights_of_another_run_that_decodes_otherwise_are_refused(run, corpus, 
         config.data.src_lang, config.data.tgt_lang = config.data.tgt_lang, config.data.src_lang
     elif change == "attention":
         config.model["attention"] = "dot"
+    elif change == "heads":  # the same weights' shapes, split otherwise
+        config.model["heads"] = 1
     else:  # as many pieces, learnt from other text
         lines = Path(corpus[1]["train"][0]).read_text(encoding="utf-8").splitlines()
         train_tokenizer([line[::-1] for line in lines], other / "spm.model", config.data.vocab_size)

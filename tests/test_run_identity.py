@@ -1,6 +1,6 @@
-"""A checkpoint names the run it was trained for (language pair, family, scorer, pieces), and
-translate, evaluate, average and resume refuse one of another run in one line; checkpoints
-written before the identity was kept load as before."""
+"""A checkpoint names the run it was trained for (language pair, family, scorer, pieces, model
+options), and translate, evaluate, average and resume refuse one of another run in one line;
+checkpoints written before the identity was kept load as before."""
 
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ def _other_run(run: Path, corpus, tmp_path: Path, change: str) -> Path:
         config.data.src_lang, config.data.tgt_lang = config.data.tgt_lang, config.data.src_lang
     elif change == "attention":
         config.model["attention"] = "dot"  # no weights of its own, as scaled_dot
+    elif change == "heads":
+        config.model["heads"] = 1  # the same weights' shapes, split otherwise
     else:  # as many pieces (the same shapes), learnt from other text
         lines = [line[::-1] for path in corpus[1]["train"]
                  for line in Path(path).read_text(encoding="utf-8").splitlines()]
@@ -84,6 +86,7 @@ def test_every_checkpoint_training_writes_and_its_average_name_the_run(run, tmp_
     ("pair", "trained de->en, not en->de as "),
     ("attention", "with scaled_dot attention, not dot as "),
     ("pieces", "over another SentencePiece model's pieces than "),
+    ("heads", "with other model options than "),  # loaded silently before: " (heads 2, not 1)"
 ])
 def test_checkpoints_copied_into_another_run_are_refused_in_one_line(run, corpus, tmp_path, capsys,
                                                                      change, why):
@@ -183,3 +186,16 @@ def test_checkpoints_from_before_the_identity_load_as_before(run, corpus, tmp_pa
     assert main([*tiny_train_args(files, old, folder / "data", epochs=3),
                  "trainer.keep_last_checkpoints=2"]) == 0
     assert _load(old / "last.ckpt")[IDENTITY_KEY]["pair"] == "de->en"
+
+
+def test_checkpoints_from_before_the_model_options_were_kept_load_as_before(run, tmp_path):
+    """An identity without "model" (written before the model options were kept) is checked
+    on the rest: translate takes it, and average takes it beside a newer one of the run."""
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    for path in (old / "best.ckpt", sorted((old / "steps").glob("*.ckpt"))[0]):
+        checkpoint = _load(path)
+        del checkpoint[IDENTITY_KEY]["model"]
+        torch.save(checkpoint, path)
+    assert main(["translate", "--checkpoint", str(old), "--input", str(_source(tmp_path))]) == 0
+    assert main(["average", "--checkpoint", str(old), "--out", str(tmp_path / "avg.ckpt")]) == 0
