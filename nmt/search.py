@@ -34,6 +34,12 @@ class Hypothesis:
         return self.log_prob / self.penalty
 
 
+# The largest alpha decoding takes (GNMT's are 0.6 to 2; ours 1.4): lp of a long output
+# overflows a float from about alpha 100, and far below that a larger alpha only pushes
+# every sentence to its longest output.
+MAX_ALPHA = 10.0
+
+
 def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
     """GNMT: lp(Y) = ((5 + |Y|) / 6) ^ alpha; alpha = 0 gives 1 (raw log-probability)."""
     return ((5 + length) / 6) ** alpha
@@ -82,7 +88,8 @@ def top_k(x: Tensor, k: int, block: int = 100) -> tuple[Tensor, Tensor]:
 
 def max_output_lengths(src_mask: Tensor, ratio: float, cap: int) -> Tensor:
     """(B, S) -> (B,) output budget per sentence: ratio x source length + 5, at most cap."""
-    return (src_mask.sum(1) * ratio + 5).long().clamp(max=cap)
+    # clamped before the cast: an infinite ratio (no limit but the cap) casts to -2^63
+    return (src_mask.sum(1) * ratio + 5).clamp(max=cap).long()
 
 
 @torch.no_grad()

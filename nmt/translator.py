@@ -28,7 +28,7 @@ from nmt.models import build_model, build_shape_model, scorer_of
 from nmt.models.ensemble import Ensemble
 from nmt.precision import autocast_dtype, decoding_precision
 from nmt.run_identity import check_identity, identity_of_run, model_options, options_differ
-from nmt.search import Hypothesis, beam_search, greedy_search
+from nmt.search import MAX_ALPHA, Hypothesis, beam_search, greedy_search
 
 
 @dataclass
@@ -103,9 +103,10 @@ def decoding_options(dec, beam_size: int | None, nbest: int, alpha: float | None
     # Below 0 the penalty would favour short outputs beyond their log-probability, beam
     # search could no longer stop a sentence early (search.Finished), and the CTranslate2
     # engine's best could differ from ours (nmt.ctranslate2_translator): GNMT's alpha is 0
-    # (none) or more.
-    if alpha < 0:
-        raise NMTError(f"the length penalty alpha must be 0 (none) or more, got {alpha}")
+    # (none) or more. Above MAX_ALPHA it overflowed (a traceback) on long outputs.
+    if not 0 <= alpha <= MAX_ALPHA:
+        raise NMTError(f"the length penalty alpha must be from 0 (none) to {MAX_ALPHA:g}, got "
+                       f"{alpha}")
     if dec.prune_margin is not None and not dec.prune_margin >= 0:  # NaN too
         raise NMTError(f"the prune margin must be >= 0 nats or none, got {dec.prune_margin}")
     return beam_size, alpha

@@ -511,7 +511,7 @@ def test_evaluate_on_a_device_asked_for_keeps_both_results_and_names_the_device(
     (["train", "--config", "configs/transformer.yaml", "--seed", "4294967296"], "seed must be from 0"),
     (["train", "--config", "configs/transformer.yaml", "decoding.alpha=.nan"], "decoding: the length"),
     (["train", "--config", "configs/transformer.yaml", "decoding.alpha=-0.5"],
-     "decoding: the length penalty alpha must be 0 (none) or more, got -0.5"),
+     "decoding: the length penalty alpha must be from 0 (none) to 10, got -0.5"),
     (["train", "--config", "configs/transformer.yaml", "decoding.nbest=9"], "decoding: need beam"),
     (["train", "--config", "configs/transformer.yaml", "decoding.prune_margin=-1"], "prune margin"),
     (["train", "--config", "configs/transformer.yaml", "decoding.precision=foo"], "decoding.precision"),
@@ -1092,7 +1092,9 @@ def test_translate_says_what_it_cannot_read_or_write_before_loading_the_model(tm
 @pytest.mark.parametrize("command,extra,message", [
     ("translate", ["--beam", "2", "--nbest", "3"], "need beam >= 1 and 1 <= nbest <= beam, got beam 2"),
     ("translate", ["--beam", "1", "decoding.nbest=2"], "the run's decoding.nbest 2 is more than the beam 1"),
-    ("translate", ["--alpha", "-1"], "the length penalty alpha must be 0 (none) or more"),
+    ("translate", ["--alpha", "-1"], "the length penalty alpha must be from 0 (none) to 10"),
+    # overflowed on a long output: a traceback
+    ("translate", ["--alpha", "300"], "the length penalty alpha must be from 0 (none) to 10, got 300.0"),
     ("translate", ["--prune-margin", "x"], "--prune-margin must be a number >= 0 or none"),
     ("evaluate", ["--alpha", "nan"], "the length penalty alpha must be a number, got nan"),
     ("evaluate", ["--prune-margin", "-1"], "--prune-margin must be a number >= 0 or none"),

@@ -92,7 +92,7 @@ def test_a_negative_length_penalty_is_refused():
     from nmt.translator import decoding_options
 
     assert decoding_options(DecodingConfig(), 5, 1, 0.0) == (5, 0.0)
-    with pytest.raises(NMTError, match=r"alpha must be 0 \(none\) or more, got -0.5"):
+    with pytest.raises(NMTError, match=r"alpha must be from 0 \(none\) to 10, got -0.5"):
         decoding_options(DecodingConfig(), 5, 1, -0.5)
     with pytest.raises(NMTError, match="got -1.0"):
         decoding_options(DecodingConfig(alpha=-1.0), 5, 1, None)

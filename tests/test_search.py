@@ -148,6 +148,9 @@ def test_output_length_is_bounded_by_ratio(family):
         assert len(hyps[0].tokens) <= limit - 1  # EOS excluded
     greedy = greedy_search(model, b.src, b.src_mask, max_len_ratio=1.0)
     assert [len(h.tokens) for h in greedy] == [limit - 1 for limit in limits]  # ran to each
+    # No limit but the model's (an infinite ratio, or one too large for a long): -2^63 before
+    for ratio in (float("inf"), 1e20):
+        assert max_output_lengths(b.src_mask, ratio, 30).tolist() == [30, 30]
 
 
 @pytest.mark.parametrize("family", ["rnn", "transformer"])
