@@ -47,7 +47,7 @@ def add_decoding(sub: argparse._SubParsersAction) -> None:
                        help="run directory, e.g. checkpoints/<run>")
         p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
         p.add_argument("--alpha", type=float, default=None,
-                       help="GNMT length penalty exponent, 0 (none) or more")
+                       help="GNMT length penalty exponent, from 0 (none) to 10")
         p.add_argument("--prune-margin", help="drop beams more than this many nats below the "
                                               "best (none: keep all K; default: the run's)")
         p.add_argument("--device", default=None,
