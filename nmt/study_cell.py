@@ -15,6 +15,7 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -83,13 +84,37 @@ def _values_readable(record: dict) -> bool:
             and isinstance(record.get("trial", []), list)
             and all(isinstance(option, str) for option in record.get("trial", []))
             and all(isinstance(provenance[key], (str, type(None))) for key in RECORD_KEYS["provenance"])
-            and isinstance(segments, list) and all(isinstance(s, dict) and {"code", "from_step", "device"}
-                                                   <= s.keys() for s in segments)
-            and all(isinstance(p, dict) and PICTURE_KEYS <= p.keys() and isinstance(p["cross"], list)
-                    for p in record["pictures"])
+            and isinstance(segments, list) and all(map(_segment_readable, segments))
+            and all(map(_picture_readable, record["pictures"]))
             and all(isinstance(stats, dict) and all(isinstance(v, (int, float, type(None)))
                                                     for v in stats.values())
                     for stats in record["attention_stats"].values()))
+
+
+def _segment_readable(segment: Any) -> bool:
+    """A training segment as the provenance table reads it: its code and device as text (or
+    unknown), the step it started from."""
+    return (isinstance(segment, dict) and {"code", "from_step", "device"} <= segment.keys()
+            and all(isinstance(segment[key], (str, type(None))) for key in ("code", "device"))
+            and isinstance(segment["from_step"], int))
+
+
+def _picture_readable(picture: Any) -> bool:
+    """A picture as the figures draw it (``pictures``): its line, its source and target
+    pieces, its cross-attention (T, S) and, for a Transformer, its encoder's (H, S, S), of
+    numbers, one row as long as another."""
+    if not (isinstance(picture, dict) and PICTURE_KEYS <= picture.keys()
+            and isinstance(picture["line"], int)):
+        return False
+    sides = [picture["source"], picture["target"]]
+    if not all(isinstance(side, list) and all(isinstance(p, str) for p in side) for side in sides):
+        return False
+    try:
+        maps = {kind: torch.tensor(picture[kind], dtype=torch.float64)
+                for kind in ("cross", "encoder") if kind in picture}
+    except (TypeError, ValueError, RuntimeError):  # not numbers, or rows of unequal length
+        return False
+    return maps["cross"].dim() == 2 and ("encoder" not in maps or maps["encoder"].dim() == 3)
 
 
 def read_hypotheses(folder: Path, sentences: int) -> list[str]:

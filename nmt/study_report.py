@@ -316,7 +316,7 @@ def provenance_markdown(records: dict[Cell, dict]) -> str:
         trained = "; ".join(f"{_short(s['code'])} from {s['from_step']} ({s['device'] or 'unknown'})"
                             for s in segments) if segments else "not kept (trained before they were)"
         prov = record["provenance"]
-        precision = (prov["precision"] or "unknown").split()[0]  # without the probe's reason
+        precision = ((prov["precision"] or "").split() or ["unknown"])[0]  # without the probe's reason
         lines.append(f"| {cell.name} | {trained} | {precision} | {decoded_weights(record)} | "
                      f"{_short(prov['code'])}, {prov['device']} |")
     return "\n".join(lines) + "\n"
@@ -340,7 +340,8 @@ def cost_table(path: Path, rows: list[dict]) -> str:
     """The cost table of ``compare --cost``'s file; a one-line error where it is not one."""
     try:
         return cost_markdown(json.loads(path.read_text(encoding="utf-8")), rows)
-    except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, or not its fields
+    # not JSON, not its fields, or lengths of no spread to fit (a ZeroDivisionError)
+    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError):
         raise NMTError(f"{path} is not compare --cost's measurement; delete it, and compare "
                        "--cost measures again") from None
 

@@ -523,6 +523,10 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
         {"config": {**fields["config"], "model": {"family": "rnn", "hidden_size": "64"}}},
         {"pictures": [{**fields["pictures"][0], "cross": "x"}]},
         {"train": {**fields["train"], "segments": ["x"]}},
+        {"train": {**fields["train"], "segments": [{"code": 5, "from_step": 0, "device": None}]}},
+        {"pictures": [{**fields["pictures"][0], "cross": [[0.5], [0.5, 0.5]]}]},  # ragged
+        {"pictures": [{**fields["pictures"][0], "encoder": "x"}]},
+        {"pictures": [{**fields["pictures"][0], "source": 5}]},
         {"attention_stats": {"cross": {"entropy": "x"}}}, {"test_set": 5},
         # the options of a trial, read where a run would replace the record (check_replaceable)
         {"trial": None}, {"trial": "optim.lr=0.002"}, {"trial": [1]})]
@@ -779,6 +783,20 @@ def test_the_committed_study_names_where_each_cell_ran_as_the_code_tables_it(mon
                                         study)
     assert len(records) == 48 and left_out == []
     assert provenance_markdown(records) in (study / "compare.md").read_text()
+
+
+def test_a_cost_measurement_of_no_length_spread_is_one_line(tmp_path):
+    """Two timings of a scorer at one length: fitting its growth divided by zero, a
+    ZeroDivisionError past the table's check."""
+    from nmt.study_report import cost_table
+
+    cost = json.loads((REPO / "study" / "study" / "cost.json").read_text())
+    cost["attention"]["rows"] += [{"scorer": "x", "length": 512, "ms": 1.0, "peak_mb": 0.0}] * 2
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps(cost))
+    rows = json.loads((REPO / "study" / "study" / "compare.json").read_text())
+    with pytest.raises(NMTError, match="is not compare --cost's measurement"):
+        cost_table(path, rows)
 
 
 def test_a_family_is_known_by_its_model_not_its_label():
