@@ -277,6 +277,34 @@ class DropoutForBudget(L.Callback):
             module.model.set_dropout(self.long_dropout)
 
 
+class WarmupWithinBudget(L.Callback):
+    """A note, once, where the budget ends inside the cosine schedule's warm-up: the last
+    update then trains at budget / warm-up of the peak rate, and the rate never anneals
+    (``warmup_cosine``), which no option says. Read at the start (``max_steps``,
+    ``max_epochs``) and, for a time budget, at the first epoch's speed, as
+    ``DropoutForBudget`` reads it. A note, not an error: a short smoke run is fine so."""
+
+    def __init__(self, warmup: int):
+        self.warmup = warmup
+        self.noted = False
+
+    def _check(self, trainer: L.Trainer) -> None:
+        end = budget_horizon(trainer)(trainer.global_step)
+        if self.noted or not trainer.is_global_zero or end > self.warmup:
+            return
+        self.noted = True
+        print(f"\nnote: the budget ends at update {end:.0f}, inside optim.warmup_steps "
+              f"{self.warmup}: the learning rate rises to {end / self.warmup:.0%} of its peak "
+              "and never anneals; give a shorter warm-up for a budget this short", flush=True)
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self._check(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if trainer.current_epoch == 0:  # a time budget's end, at the first epoch's speed
+            self._check(trainer)
+
+
 class ResumingProgressBar(TQDMProgressBar):
     """Lightning's progress bar, also for an epoch resumed in its middle. Lightning starts no
     epoch there (no ``on_train_epoch_start``), so its bar was never set up for one: a run

@@ -32,6 +32,7 @@ from nmt.callbacks import (
     RunCheckpoint,
     StopAtBudget,
     StopOnSignals,
+    WarmupWithinBudget,
     WeightEMA,
 )
 from nmt.config import Config
@@ -209,6 +210,8 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
     if config.optim.long_run_dropout is not None:
         callbacks.append(DropoutForBudget(config.optim.long_run_dropout,
                                           config.optim.long_run_epochs))
+    if config.optim.schedule == "cosine":
+        callbacks.append(WarmupWithinBudget(config.optim.warmup_steps))
     return callbacks
 
 

@@ -318,6 +318,23 @@ def test_sigkill_after_a_mid_epoch_checkpoint(corpus, straight, tmp_path):
     assert_same_weights(tmp_path, straight)
 
 
+def test_a_run_stopped_while_its_rate_anneals_resumes_to_the_same_weights(corpus, tmp_path,
+                                                                         monkeypatch):
+    """A warm-up of 2 updates in the 8 of the budget: the cosine anneals over the rest (the
+    tiny runs' warm-up of 10 never reaches it), and its horizon must be the same after the
+    resume. Ctrl-C mid-epoch, validations every 3 batches; the same command finishes it."""
+    anneal = ["optim.warmup_steps=2", "trainer.val_check_interval=3"]
+    straight_run, cut = tmp_path / "straight", tmp_path / "cut"
+    assert main(args(corpus, straight_run, *anneal)) == 0
+    interrupt_at(monkeypatch, epoch=1, batch=2)
+    assert main(args(corpus, cut, *anneal)) == 130
+    monkeypatch.undo()
+    assert main(args(corpus, cut, *anneal)) == 0
+    straight = checkpoint(straight_run)
+    assert straight["lr_schedulers"][0]["_last_lr"][0] < 1e-4  # annealed to its floor
+    assert_same_weights(cut, straight)
+
+
 def test_a_checkpoint_inside_an_accumulation_group_resumes_to_the_same_weights(
         corpus, tmp_path, monkeypatch):
     """Groups of 2 batches, validations every 3: the first checkpoint is written after 3

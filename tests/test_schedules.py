@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Timer
 
-from nmt.callbacks import DropoutForBudget
+from nmt.callbacks import DropoutForBudget, WarmupWithinBudget
 from nmt.cli import main
 from nmt.config import load_config
 from nmt.config_checks import max_time
@@ -418,3 +418,29 @@ def test_the_plateau_schedule_acts_at_every_validation_of_the_cadence(tmp_path, 
         bleus = [float(row["val_bleu"]) for row in csv.DictReader(f) if row["val_bleu"]]
     assert len(bleus) == stepped + 1  # and the best it weighed is the best of the cadence's
     assert last["lr_schedulers"][0]["best"] == pytest.approx(max(bleus[:stepped]), abs=1e-4)
+
+
+def test_a_budget_that_ends_inside_the_warm_up_is_noted_once(monkeypatch, capsys):
+    """A budget shorter than the cosine schedule's warm-up ended at a fraction of the peak
+    rate, never annealed, and nothing said so. Noted at the start for a step or epoch
+    budget, at the first epoch's end for a time budget; once."""
+    callback = WarmupWithinBudget(warmup=400)
+    callback.on_train_start(budget_trainer(monkeypatch, 0, 0, 0.0), None)  # 30 epochs: 3,000
+    # 100 steps in 4 of 10 minutes: the budget ends at step 250
+    callback.on_train_epoch_end(budget_trainer(monkeypatch, 0, 100, 240.0), None)
+    assert capsys.readouterr().out == ("\nnote: the budget ends at update 250, inside "
+                                       "optim.warmup_steps 400: the learning rate rises to 62% of "
+                                       "its peak and never anneals; give a shorter warm-up for a "
+                                       "budget this short\n")
+    callback.on_train_epoch_end(budget_trainer(monkeypatch, 0, 100, 240.0), None)
+    assert capsys.readouterr().out == ""
+    fits = WarmupWithinBudget(warmup=200)  # the same budget, a warm-up within it
+    fits.on_train_epoch_end(budget_trainer(monkeypatch, 0, 100, 240.0), None)
+    assert capsys.readouterr().out == ""
+
+
+def test_a_step_budget_inside_the_warm_up_is_noted_by_training(tmp_path, capsys):
+    files = write_corpus(tmp_path)
+    assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data"),
+                 "optim.schedule=cosine", "optim.warmup_steps=10", "trainer.max_steps=3"]) == 0
+    assert "note: the budget ends at update 3, inside optim.warmup_steps 10" in capsys.readouterr().out
