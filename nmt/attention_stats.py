@@ -29,7 +29,7 @@ import json
 import torch
 from torch import Tensor, nn
 
-from nmt.attention import MultiHeadAttention, Scorer
+from nmt.attention import SCORERS, MultiHeadAttention, Scorer
 from nmt.errors import NMTError, echoed
 
 DIAGONAL_BAND = 2.0  # source pieces either side of the diagonal
@@ -57,13 +57,19 @@ def attention_key_size(model_cfg: dict) -> int:
     heads in a Transformer, hidden_size in the RNN, and whatever a new family's scorer is built
     with; read from the ``shape_model`` of the config section. A config no family builds, or
     whose model attends to nothing, is an NMTError."""
+    from nmt.models import MODELS  # late, as in shape_model
+
     # A study's records repeat a few model sections (one per cell and seed, checked and then
-    # tabled): each is built once.
-    return _key_size(json.dumps(model_cfg, sort_keys=True))
+    # tabled): each is built once, for the family and scorer classes registered now (an
+    # extension, or a test, may register others under the same names).
+    return _key_size(json.dumps(model_cfg, sort_keys=True), MODELS.get(model_cfg.get("family")),
+                     SCORERS.get(model_cfg.get("attention")))
 
 
 @functools.cache
-def _key_size(model_json: str) -> int:
+def _key_size(model_json: str, family: type | None, scorer: type | None) -> int:
+    """``attention_key_size`` of a model section (JSON); ``family`` and ``scorer``: the
+    registered classes its names stand for, which key the cache alone."""
     model_cfg = json.loads(model_json)
     model = shape_model(model_cfg)
     sizes = [module.key_dim for name, module in model.named_modules()

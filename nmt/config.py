@@ -96,7 +96,7 @@ DECODING_PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed")
 @dataclass
 class DecodingConfig:
     beam_size: int = 5
-    alpha: float = 0.6  # GNMT length penalty exponent: 0 (none) or more
+    alpha: float = 0.6  # GNMT length penalty exponent: 0 (none) to 10 (search.MAX_ALPHA)
     max_len_ratio: float = 1.5  # output may be up to ratio * source length + 5 pieces
     nbest: int = 1
     # Beam search drops a hypothesis more than this many nats below its sentence's best live

@@ -16,9 +16,10 @@ class NMTError(Exception):
 
 
 def echoed(text: str, limit: int = 60) -> str:
-    """What a user gave, as an error repeats it: at most ``limit`` characters, so that a
-    field of a megabyte, or the 301 digits of 1e300 as an integer, cannot swamp the one line
-    (or a server's 400) that says what was wrong."""
+    """What a user gave, as an error repeats it: on one line (line breaks escaped), and at
+    most ``limit`` characters, so that a field of a megabyte, or the 301 digits of 1e300 as an
+    integer, cannot swamp the one line (or a server's 400) that says what was wrong."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 

@@ -46,21 +46,30 @@ def run_identity(config: Config, tokenizer: Tokenizer) -> dict[str, Any]:
             "model": model_options(config.model)}
 
 
+# Options that leave what the weights compute unchanged: the longest input or output
+# (max_positions; the sinusoid table is recomputed, its rows the same at any length), and
+# those that act in training alone (dropout, initialisation: matched by name below)
+LOAD_ANYWHERE = {"vocab_size", "max_positions"}
+
+
 def model_options(model_cfg: dict[str, Any]) -> dict[str, Any]:
     """What a model's weights compute with: every option of its family's constructor, its
-    default where the config leaves it out, but those that act in training alone (dropout,
-    initialisation). Weights of a Transformer trained with 4 heads load into one of 2 (the
-    same shapes) and translate wrongly there."""
+    default where the config leaves it out, but those of ``LOAD_ANYWHERE`` and those that
+    act in training alone (dropout, initialisation). Weights of a Transformer trained with 4
+    heads load into one of 2 (the same shapes) and translate wrongly there."""
     cls, kwargs = check_model_config(model_cfg)
     return {name: model_option(cls, kwargs, name) for name in inspect.signature(cls).parameters
-            if name != "vocab_size" and "dropout" not in name and not name.endswith("_init")}
+            if name not in LOAD_ANYWHERE and "dropout" not in name and not name.endswith("_init")}
 
 
-def options_differ(theirs: dict[str, Any], ours: dict[str, Any]) -> str:
-    """The options two ``model_options`` differ in, as "heads 4, not 2"; "" where none does."""
-    return "; ".join(f"{name} {theirs.get(name)}, not {ours.get(name)}"
-                     for name in sorted(theirs.keys() | ours.keys())
-                     if theirs.get(name) != ours.get(name))
+def options_differ(theirs: Any, ours: Any) -> str:
+    """The options two ``model_options`` differ in, as "heads 4, not 2"; "" where none does.
+    Only the options both name: one added to a family since a checkpoint was written is
+    absent from it, and its default is what that checkpoint trained with."""
+    if not (isinstance(theirs, dict) and isinstance(ours, dict)):
+        return ""  # an identity from before the options were kept, or damaged: nothing to read
+    return "; ".join(f"{name} {theirs[name]}, not {ours[name]}"
+                     for name in sorted(theirs.keys() & ours.keys()) if theirs[name] != ours[name])
 
 
 def identity_of_run(run_dir: Path) -> dict[str, Any] | None:
@@ -89,9 +98,10 @@ def check_identity(checkpoint: dict, expected: dict[str, Any] | None, path: Path
         "attention": f"with {theirs.get('attention')} attention, not {expected.get('attention')} "
                      f"as {run_dir}",
         "pieces": f"over another SentencePiece model's pieces than {run_dir}'s",
-        "model": f"with other model options than {run_dir} ("
-                 f"{options_differ(theirs.get('model') or {}, expected.get('model') or {})})",
     }
     for key, why in differs.items():  # a key of one identity alone: kept before the other was
         if key in theirs and key in expected and theirs[key] != expected[key]:
             raise NMTError(f"{path} is a checkpoint of another run, {why}: {harm}")
+    if options := options_differ(theirs.get("model"), expected.get("model")):
+        raise NMTError(f"{path} is a checkpoint of another run, with other model options than "
+                       f"{run_dir} ({options}): {harm}")

@@ -109,12 +109,12 @@ def _picture_readable(picture: Any) -> bool:
     sides = [picture["source"], picture["target"]]
     if not all(isinstance(side, list) and all(isinstance(p, str) for p in side) for side in sides):
         return False
-    try:
-        maps = {kind: torch.tensor(picture[kind], dtype=torch.float64)
-                for kind in ("cross", "encoder") if kind in picture}
+    try:  # as the figures read them
+        maps = {kind: torch.tensor(picture[kind]) for kind in ("cross", "encoder") if kind in picture}
     except (TypeError, ValueError, RuntimeError):  # not numbers, or rows of unequal length
         return False
-    return maps["cross"].dim() == 2 and ("encoder" not in maps or maps["encoder"].dim() == 3)
+    return (all(m.is_floating_point() for m in maps.values()) and maps["cross"].dim() == 2
+            and ("encoder" not in maps or maps["encoder"].dim() == 3))
 
 
 def read_hypotheses(folder: Path, sentences: int) -> list[str]:

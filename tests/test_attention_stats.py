@@ -260,6 +260,7 @@ def test_alignment_takes_the_layer_and_head_options(run, tmp_path, capsys):
     (["--attention-layer", "5"], "no attention layer 5 / head mean in this model"),
     # more digits than int() takes (a traceback before), repeated shortened
     (["--attention-head", "9" * 5000], f"no attention layer -1 / head {'9' * 57}... in this model"),
+    (["--attention-head", "1\n2"], "must be mean, all or a head number, got '1\\n2'"),  # one line
     (["--attention-head", "all"], "--attention-head all draws one panel per head, for --plot-attention"),
     (["--attention-kind", "encoder"], "--alignment always reads the cross-attention"),
     (["--attention-kind", "decoder", "--plot-attention", "pics"], "--alignment always reads the cross"),

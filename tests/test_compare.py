@@ -527,6 +527,7 @@ def test_damaged_record_or_compare_config_is_one_line(study, tmp_path, capsys):
         {"pictures": [{**fields["pictures"][0], "cross": [[0.5], [0.5, 0.5]]}]},  # ragged
         {"pictures": [{**fields["pictures"][0], "encoder": "x"}]},
         {"pictures": [{**fields["pictures"][0], "source": 5}]},
+        {"pictures": [{**fields["pictures"][0], "cross": [[1, 0]]}]},  # integers: .mean() fails
         {"attention_stats": {"cross": {"entropy": "x"}}}, {"test_set": 5},
         # the options of a trial, read where a run would replace the record (check_replaceable)
         {"trial": None}, {"trial": "optim.lr=0.002"}, {"trial": [1]})]

@@ -305,6 +305,14 @@ def test_a_prepared_folder_without_its_meta_json_is_prepared_again(tmp_path, cap
     assert (folder / "meta.json").is_file() and not (folder / "stale").exists()
     assert f"removing {folder}: it has no meta.json" in capsys.readouterr().err
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no build left behind
+    # A link in its place is not ours to delete: one line, and the link's target kept
+    shutil.rmtree(folder)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    folder.symlink_to(target)
+    with pytest.raises(NMTError, match="is not a prepared folder \\(no meta.json\\) and not ours"):
+        prepare(cfg)
+    assert target.is_dir() and folder.is_symlink()
 
 
 def _local_layout(folder, files) -> DataConfig:

@@ -107,6 +107,7 @@ def test_checkpoints_copied_into_another_run_are_refused_in_one_line(run, corpus
         assert main(argv) == 1, argv
         err = capsys.readouterr().err
         assert err.startswith(f"error: {path} is a checkpoint of another run, {why}{other}"), err
+        assert change != "heads" or f"{other} (heads 2, not 1): " in err, err
         assert err.count("\n") == 1, err
     assert not out.exists() and not (tmp_path / "a.ckpt").exists()
 
@@ -199,3 +200,14 @@ def test_checkpoints_from_before_the_model_options_were_kept_load_as_before(run,
         torch.save(checkpoint, path)
     assert main(["translate", "--checkpoint", str(old), "--input", str(_source(tmp_path))]) == 0
     assert main(["average", "--checkpoint", str(old), "--out", str(tmp_path / "avg.ckpt")]) == 0
+
+
+def test_a_run_with_a_longer_length_limit_reads_its_own_checkpoints(run, tmp_path):
+    """model.max_positions raised in a run's config.yaml (to translate longer lines) leaves
+    what its weights compute as it was: not another run's model options."""
+    longer = tmp_path / "longer"
+    shutil.copytree(run, longer)
+    config = load_config(longer / "config.yaml")
+    config.model["max_positions"] = 2048
+    save_config(config, longer / "config.yaml")
+    assert main(["translate", "--checkpoint", str(longer), "--input", str(_source(tmp_path))]) == 0

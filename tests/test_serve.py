@@ -55,10 +55,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def free_port_option() -> list[str]:
-    return ["--port", str(free_port())]
-
-
 def on_a_free_port(serve_once):
     """``serve_once(port)`` -> (its result, its output), tried on up to three ports found
     free: one may be taken before nmt serve checks it (by a test of another xdist worker),
@@ -68,6 +64,16 @@ def on_a_free_port(serve_once):
         if "Address already in use" not in output:
             return result, output
     pytest.fail(f"nmt serve found no free port in three tries: {output[-2000:]}")
+
+
+def serve_on_a_free_port(capsys, argv: list[str]) -> tuple[int, str]:
+    """``nmt serve --port P ARGV`` in this process on a free port P (``on_a_free_port``): its
+    exit status and what it wrote to stderr. Its port is checked first, whatever it refuses."""
+    def serve_once(port: int) -> tuple[int, str]:
+        code = main(["serve", "--port", str(port), *argv])
+        return code, capsys.readouterr().err
+
+    return on_a_free_port(serve_once)
 
 
 def request(url: str, body: bytes | dict | None = None, headers: dict | None = None):
@@ -506,13 +512,9 @@ def test_a_server_stopped_while_its_worker_loads_stops_the_worker(runs, monkeypa
         raise KeyboardInterrupt
 
     monkeypatch.setattr(litserve.LitServer, "verify_worker_status", interrupted)
-    def serve_once(port: int) -> tuple[int, str]:
-        code = main(["serve", "--checkpoint", str(paths[0]), "--port", str(port),
-                     "--precision", "32-true", "--weights", "best.ckpt"])
-        return code, capsys.readouterr().err
-
     try:
-        assert on_a_free_port(serve_once)[0] == 0
+        assert serve_on_a_free_port(capsys, ["--checkpoint", str(paths[0]), "--precision",
+                                             "32-true", "--weights", "best.ckpt"])[0] == 0
         for worker in workers:
             worker.join(timeout=60)
         assert workers and all(w.exitcode == -signal.SIGTERM for w in workers)
@@ -822,8 +824,8 @@ def test_web_page_shows_only_the_latest_answers_and_their_warnings(server, runs)
 ])
 def test_serve_bad_options_give_one_line_error(runs, capsys, argv, message):
     _, paths, _ = runs
-    assert main(["serve", *free_port_option(), "--checkpoint", str(paths[0]), *argv]) == 1
-    err = capsys.readouterr().err
+    code, err = serve_on_a_free_port(capsys, ["--checkpoint", str(paths[0]), *argv])
+    assert code == 1
     assert message in err and err.count("\n") == 1
 
 
@@ -838,8 +840,8 @@ def test_serve_port_in_use(runs, capsys):
 
 
 def test_serve_missing_run_directory(capsys, tmp_path):
-    assert main(["serve", *free_port_option(), "--checkpoint", str(tmp_path / "nothing")]) == 1
-    assert "not a training run directory" in capsys.readouterr().err
+    code, err = serve_on_a_free_port(capsys, ["--checkpoint", str(tmp_path / "nothing")])
+    assert code == 1 and "not a training run directory" in err
 
 
 def test_serve_a_run_without_weights_is_one_line_before_start(runs, capsys, tmp_path):
@@ -850,8 +852,8 @@ def test_serve_a_run_without_weights_is_one_line_before_start(runs, capsys, tmp_
     bare.mkdir()
     for name in ("config.yaml", "spm.model"):
         (bare / name).write_bytes((paths[0] / name).read_bytes())
-    assert main(["serve", *free_port_option(), "--checkpoint", str(bare)]) == 1
-    err = capsys.readouterr().err
+    code, err = serve_on_a_free_port(capsys, ["--checkpoint", str(bare)])
+    assert code == 1
     assert f"no best.ckpt or last.ckpt in {bare}" in err and err.count("\n") == 1
 
 
@@ -891,8 +893,8 @@ def test_serve_weights_that_do_not_load_are_one_line_before_start(runs, capsys, 
         torch.save(checkpoint, bad / "best.ckpt")
     else:
         (bad / "best.ckpt").write_bytes(weights)
-    assert main(["serve", *free_port_option(), "--checkpoint", str(bad)]) == 1
-    err = capsys.readouterr().err
+    code, err = serve_on_a_free_port(capsys, ["--checkpoint", str(bad)])
+    assert code == 1
     assert f"cannot load {bad / 'best.ckpt'}: {message}" in err and err.count("\n") == 1, err
 
 
@@ -904,20 +906,20 @@ def test_serve_refuses_a_weights_path_for_several_runs(runs, capsys, monkeypatch
 
     _, paths, _ = runs
     weights = find_checkpoint(paths[0])
-    assert main(["serve", *free_port_option(), "--checkpoint", *map(str, paths),
-                 "--weights", str(weights)]) == 1
-    err = capsys.readouterr().err
+    code, err = serve_on_a_free_port(capsys, ["--checkpoint", *map(str, paths),
+                                              "--weights", str(weights)])
+    assert code == 1
     assert f"--weights {weights} with several --checkpoint names a file in each run" in err
     assert f"but {paths[1]} has none: every model would serve {weights}" in err
     assert err.count("\n") == 1
     monkeypatch.setattr(litserve.LitServer, "run", lambda self, **options: None)
-    assert main(["serve", *free_port_option(), "--checkpoint", *map(str, paths),
-                 "--weights", weights.name]) == 0
+    assert serve_on_a_free_port(capsys, ["--checkpoint", *map(str, paths),
+                                         "--weights", weights.name])[0] == 0
     monkeypatch.chdir(paths[0].parent)  # no best.ckpt here
-    assert main(["serve", *free_port_option(), "--checkpoint", *map(str, paths),
-                 "--weights", f"./{weights.name}"]) == 1
-    assert f"weights file not found: ./{weights.name} ({paths[0].parent / weights.name})" in \
-        capsys.readouterr().err
+    code, err = serve_on_a_free_port(capsys, ["--checkpoint", *map(str, paths),
+                                              "--weights", f"./{weights.name}"])
+    assert code == 1
+    assert f"weights file not found: ./{weights.name} ({paths[0].parent / weights.name})" in err
 
 
 @pytest.mark.parametrize("host, url", [("127.0.0.1", "http://127.0.0.1:{}/"),
@@ -1023,9 +1025,9 @@ def test_an_ensemble_members_weights_that_do_not_load_are_one_line_before_start(
     else:
         chosen.write_bytes(weights)
     monkeypatch.setattr(litserve.LitServer, "run", lambda self, **options: None)  # never starts
-    assert main(["serve", *free_port_option(), "--checkpoint", str(paths[0]),
-                 "--ensemble", str(member)]) == 1
-    err = capsys.readouterr().err
+    code, err = serve_on_a_free_port(capsys, ["--checkpoint", str(paths[0]), "--ensemble",
+                                              str(member)])
+    assert code == 1
     assert f"cannot load {chosen}: {message}" in err and err.count("\n") == 1, err
 
 
@@ -1050,8 +1052,8 @@ def test_decoding_options_the_worker_would_refuse_are_one_line_before_start(
     setattr(config.decoding, field, value)
     save_config(config, run / "config.yaml")
     monkeypatch.setattr(litserve.LitServer, "run", lambda self, **options: None)  # never starts
-    assert main(["serve", *free_port_option(), "--checkpoint", str(run)]) == 1
-    err = capsys.readouterr().err
+    code, err = serve_on_a_free_port(capsys, ["--checkpoint", str(run)])
+    assert code == 1
     assert message in err and err.count("\n") == 1, err
 
 
@@ -1064,6 +1066,6 @@ def test_decoding_options_the_worker_would_refuse_are_one_line_before_start(
 def test_serve_refuses_an_ensemble_it_cannot_serve_in_one_line(runs, capsys, tmp_path, argv, message):
     _, paths, _ = runs
     names = {"first": paths[0], "second": paths[1], "missing": tmp_path / "missing"}
-    assert main(["serve", *free_port_option(), "--checkpoint", *(arg.format(**names) for arg in argv)]) == 1
-    err = capsys.readouterr().err
+    code, err = serve_on_a_free_port(capsys, ["--checkpoint", *(arg.format(**names) for arg in argv)])
+    assert code == 1
     assert message in err and err.count("\n") == 1

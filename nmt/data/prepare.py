@@ -113,13 +113,13 @@ def _prepare_into(cfg: DataConfig, sources: dict[str, Source], folder: Path) -> 
     """Build ``folder`` (``prepare``, by the process that holds its lock)."""
     print(f"preparing {folder} ...", file=sys.stderr, flush=True)
     remove_abandoned_builds(folder)
-    remove_incomplete(folder)
     tmp = folder.with_name(f"{_build_prefix(folder)}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     _failed(folder).unlink(missing_ok=True)
     started = time.perf_counter()
     try:
+        remove_incomplete(folder, tmp)
+        tmp.mkdir(parents=True)
         _build(cfg, sources, tmp)
         tmp.rename(folder)  # a prepared folder is complete or absent, never half-written
     except Exception as err:
@@ -158,14 +158,21 @@ def remove_abandoned_builds(folder: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_incomplete(folder: Path) -> None:
+def remove_incomplete(folder: Path, aside: Path) -> None:
     """``folder`` where it stands without its meta.json: a build renames itself into place
     with it, so this one was changed by hand (its meta.json deleted to prepare it again, as
-    ``nmt prepare --list`` shows it: "not a complete prepared folder"). The build's rename
-    would fail on it, every time."""
-    if folder.exists():
-        print(f"removing {folder}: it has no meta.json", file=sys.stderr, flush=True)
-        shutil.rmtree(folder)
+    ``nmt prepare --list`` shows it: "not a complete prepared folder"), and the build's rename
+    would fail on it, every time. Moved to ``aside`` (this process' build folder, removed
+    with it) before it is deleted, so that no half-deleted folder stands at its path; a
+    folder completed meanwhile by another process (one not held off by the lock) is kept."""
+    if not folder.exists() or (folder / "meta.json").is_file():
+        return
+    if folder.is_symlink() or not folder.is_dir():
+        raise NMTError(f"{folder} is not a prepared folder (no meta.json) and not ours to "
+                       "delete: remove it, and prepare again")
+    print(f"removing {folder}: it has no meta.json", file=sys.stderr, flush=True)
+    folder.rename(aside)
+    shutil.rmtree(aside)
 
 
 def process_alive(pid: int) -> bool:

@@ -92,7 +92,8 @@ def parse_request(body: Any, models: list[str], default_beam: int) -> Job | Reje
         if not isinstance(flag, bool):
             return Rejected(f"'{name}' must be true or false, got {quoted(flag)}")
     if model not in models:
-        return Rejected(f"unknown model {quoted(model)}; served: {', '.join(map(quoted, models))}")
+        served = ", ".join(quoted(name, limit=None) for name in models)  # names to copy, whole
+        return Rejected(f"unknown model {quoted(model)}; served: {served}")
     choice = attention_choice(body)
     if isinstance(choice, Rejected):
         return choice
@@ -130,12 +131,12 @@ def integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def quoted(value: Any) -> str:
-    """``value`` as JSON writes it, a lone surrogate escaped too, and shortened (``echoed``): a
-    client's key or model name in an error can break neither the answer's UTF-8 (a 500 for
-    every request batched with it) nor its one line."""
+def quoted(value: Any, limit: int | None = 60) -> str:
+    """``value`` as JSON writes it, a lone surrogate escaped too, and shortened to ``limit``
+    characters (``echoed``; None: whole): a client's key or model name in an error can break
+    neither the answer's UTF-8 (a 500 for every request batched with it) nor its one line."""
     text = json.dumps(value, ensure_ascii=False).encode("utf-8", "backslashreplace").decode("utf-8")
-    return echoed(text)
+    return text if limit is None else echoed(text, limit)
 
 
 def _is_unicode(text: str) -> bool:
