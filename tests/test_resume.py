@@ -94,6 +94,18 @@ def interrupt_at(monkeypatch, epoch: int, batch: int) -> None:
     monkeypatch.setattr(TranslationModule, "on_train_batch_start", interrupted)
 
 
+def straight_and_cut(corpus, tmp_path, monkeypatch, options: list[str], epoch: int, batch: int
+                     ) -> tuple[Path, Path]:
+    """Two runs of ``options``: one uninterrupted, one stopped by Ctrl-C as it starts batch
+    ``batch`` of epoch ``epoch``, not yet resumed. Their folders."""
+    straight_run, cut = tmp_path / "straight", tmp_path / "cut"
+    assert main(args(corpus, straight_run, *options)) == 0
+    interrupt_at(monkeypatch, epoch, batch)
+    assert main(args(corpus, cut, *options)) == 130
+    monkeypatch.undo()
+    return straight_run, cut
+
+
 @pytest.mark.parametrize("budget", [2, 5])  # inside the first epoch; inside the second
 def test_step_budget_inside_an_epoch_then_continue(corpus, straight, straight_dir, tmp_path, budget):
     assert main(args(corpus, tmp_path, f"trainer.max_steps={budget}")) == 0
@@ -324,11 +336,7 @@ def test_a_run_stopped_while_its_rate_anneals_resumes_to_the_same_weights(corpus
     tiny runs' warm-up of 10 never reaches it), and its horizon must be the same after the
     resume. Ctrl-C mid-epoch, validations every 3 batches; the same command finishes it."""
     anneal = ["optim.warmup_steps=2", "trainer.val_check_interval=3"]
-    straight_run, cut = tmp_path / "straight", tmp_path / "cut"
-    assert main(args(corpus, straight_run, *anneal)) == 0
-    interrupt_at(monkeypatch, epoch=1, batch=2)
-    assert main(args(corpus, cut, *anneal)) == 130
-    monkeypatch.undo()
+    straight_run, cut = straight_and_cut(corpus, tmp_path, monkeypatch, anneal, epoch=1, batch=2)
     assert main(args(corpus, cut, *anneal)) == 0
     straight = checkpoint(straight_run)
     assert straight["lr_schedulers"][0]["_last_lr"][0] < 1e-4  # annealed to its floor
@@ -342,11 +350,7 @@ def test_a_checkpoint_inside_an_accumulation_group_resumes_to_the_same_weights(
     there. The resumed run stepped on the group's second batch alone, and every later weight
     moved; it now goes on from the saved sums and ends as the uninterrupted run."""
     cadence = ["trainer.accumulate_grad_batches=2", "trainer.val_check_interval=3"]
-    straight_run, cut = tmp_path / "straight", tmp_path / "cut"
-    assert main(args(corpus, straight_run, *cadence)) == 0
-    interrupt_at(monkeypatch, epoch=0, batch=3)
-    assert main(args(corpus, cut, *cadence)) == 130
-    monkeypatch.undo()
+    straight_run, cut = straight_and_cut(corpus, tmp_path, monkeypatch, cadence, epoch=0, batch=3)
     stopped = checkpoint(cut)
     assert stopped["global_step"] == 1 and loader_position(stopped) == {"epoch": 0, "position": 3}
     assert main(args(corpus, cut, *cadence)) == 0
