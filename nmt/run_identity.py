@@ -92,16 +92,25 @@ def check_identity(checkpoint: dict, expected: dict[str, Any] | None, path: Path
     theirs = checkpoint.get(IDENTITY_KEY) if isinstance(checkpoint, dict) else None
     if expected is None or not isinstance(theirs, dict):
         return
-    differs = {  # the plainest difference first
+    if why := identity_difference(theirs, expected, run_dir):
+        raise NMTError(f"{path} is a checkpoint of another run, {why}: {harm}")
+
+
+def identity_difference(theirs: dict[str, Any], expected: dict[str, Any],
+                        run_dir: Path | None) -> str | None:
+    """How identity ``theirs`` differs from ``expected``, the identity of ``run_dir``, the
+    plainest difference first ("trained de->en, not en->de as RUN"); None where it does not.
+    A key one of them lacks (kept since the other was written) is no difference."""
+    differs = {
         "pair": f"trained {theirs.get('pair')}, not {expected.get('pair')} as {run_dir}",
         "family": f"a {theirs.get('family')} model, not {expected.get('family')} as {run_dir}",
         "attention": f"with {theirs.get('attention')} attention, not {expected.get('attention')} "
                      f"as {run_dir}",
         "pieces": f"over another SentencePiece model's pieces than {run_dir}'s",
     }
-    for key, why in differs.items():  # a key of one identity alone: kept before the other was
+    for key, why in differs.items():
         if key in theirs and key in expected and theirs[key] != expected[key]:
-            raise NMTError(f"{path} is a checkpoint of another run, {why}: {harm}")
+            return why
     if options := options_differ(theirs.get("model"), expected.get("model")):
-        raise NMTError(f"{path} is a checkpoint of another run, with other model options than "
-                       f"{run_dir} ({options}): {harm}")
+        return f"with other model options than {run_dir} ({options})"
+    return None

@@ -24,10 +24,10 @@ from nmt.data.tokenizer import EOS_PIECE, Tokenizer
 from nmt.engines import decoding_device
 from nmt.errors import NMTError, first_line
 from nmt.files import refuse_export
-from nmt.models import build_model, build_shape_model, scorer_of
+from nmt.models import build_model, build_shape_model
 from nmt.models.ensemble import Ensemble
 from nmt.precision import autocast_dtype, decoding_precision
-from nmt.run_identity import check_identity, identity_of_run, model_options, options_differ
+from nmt.run_identity import check_identity, identity_difference, identity_of_run
 from nmt.search import MAX_ALPHA, Hypothesis, beam_search, greedy_search
 
 
@@ -193,37 +193,25 @@ def _weights_elsewhere(run_dir: Path, weights: str, given: Path) -> str:
 
 def check_weights_of(run_dir: Path, path: Path) -> None:
     """A one-line error where ``path``, a weights file ``--weights`` names, is a checkpoint of
-    another training run that decodes otherwise than ``run_dir``: of another language pair,
-    scorer, model options (``model_options``) or SentencePiece model. Weights of the same
-    shapes load into ``run_dir``'s model whatever run wrote them, and would translate silently
-    wrong (into the source language, with a scorer or heads they were not trained with, their
-    piece ids read as other pieces). A run's
-    checkpoints are its best.ckpt, last.ckpt, averaged.ckpt and those in its steps/; another
-    file in it may be another run's (``nmt average --out`` writes a new .ckpt anywhere)."""
+    another training run that decodes otherwise than ``run_dir``: whose identity (language
+    pair, family, scorer, SentencePiece model, model options) differs from ``run_dir``'s, read
+    from the two runs' folders (``identity_difference``, as a checkpoint's own is compared).
+    Weights of the same shapes load into ``run_dir``'s model whatever run wrote them, and
+    would translate silently wrong (into the source language, with a scorer or heads they were
+    not trained with, their piece ids read as other pieces). A run's checkpoints are its
+    best.ckpt, last.ckpt, averaged.ckpt and those in its steps/; another file in it may be
+    another run's (``nmt average --out`` writes a new .ckpt anywhere)."""
     if path.name in RUN_WEIGHTS:
         other = path.parent
     elif path.parent.name == "steps":  # nmt.average.STEPS_DIR, kept by training
         other = path.parent.parent
     else:
         return
-    is_run = (other / "config.yaml").is_file() and (other / "spm.model").is_file()
-    if not is_run or other.resolve() == run_dir.resolve():  # no run to compare, or this one
-        return
-    config, theirs = run_config(run_dir), run_config(other)
-    pairs = [f"{c.data.src_lang}->{c.data.tgt_lang}" for c in (config, theirs)]
-    scorers = [scorer_of(c.model) for c in (config, theirs)]  # a default left out: the same
-    if pairs[0] != pairs[1]:
-        differs = f"trained {pairs[1]}, not {pairs[0]} as {run_dir}"
-    elif scorers[0] != scorers[1]:
-        differs = f"with {scorers[1]} attention, not {scorers[0]} as {run_dir}"
-    elif options := options_differ(model_options(theirs.model), model_options(config.model)):
-        differs = f"with other model options than {run_dir} ({options})"
-    elif Tokenizer(other / "spm.model").vocabulary() != Tokenizer(run_dir / "spm.model").vocabulary():
-        differs = f"whose SentencePiece model is not {run_dir}'s"
-    else:
-        return
-    raise NMTError(f"--weights {path} is a checkpoint of the run {other}, {differs}: give "
-                   f"--checkpoint {other} for its weights")
+    if other.resolve() == run_dir.resolve() or (theirs := identity_of_run(other)) is None:
+        return  # this run, or no run to compare
+    if why := identity_difference(theirs, identity_of_run(run_dir), run_dir):
+        raise NMTError(f"--weights {path} is a checkpoint of the run {other}, {why}: give "
+                       f"--checkpoint {other} for its weights")
 
 
 def final_weights_of(run_dir: Path) -> str | None:
