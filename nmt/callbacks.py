@@ -289,7 +289,9 @@ class WarmupWithinBudget(L.Callback):
         self.noted = False
 
     def _check(self, trainer: L.Trainer) -> None:
-        end = budget_horizon(trainer)(trainer.global_step)
+        # not before the update reached: a time budget spent before the first epoch ended
+        # (the Timer stopped it) extrapolates below it
+        end = max(budget_horizon(trainer)(trainer.global_step), trainer.global_step)
         if self.noted or not trainer.is_global_zero or end > self.warmup:
             return
         self.noted = True

@@ -439,6 +439,17 @@ def test_a_budget_that_ends_inside_the_warm_up_is_noted_once(monkeypatch, capsys
     assert capsys.readouterr().out == ""
 
 
+def test_a_time_budget_spent_within_the_first_epoch_is_noted_at_the_update_reached(monkeypatch,
+                                                                                  capsys):
+    """The Timer ended the first epoch after 1 update in 25 minutes of a 10-minute budget
+    (preparing, a slow validation): the speed so far extrapolates to update 0.4, which the
+    note printed as 'update 0'."""
+    WarmupWithinBudget(warmup=200).on_train_epoch_end(budget_trainer(monkeypatch, 0, 1, 1500.0),
+                                                      None)
+    assert "note: the budget ends at update 1, inside optim.warmup_steps 200" in \
+        capsys.readouterr().out
+
+
 def test_a_step_budget_inside_the_warm_up_is_noted_by_training(tmp_path, capsys):
     files = write_corpus(tmp_path)
     assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data"),
