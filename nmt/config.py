@@ -102,8 +102,8 @@ class DecodingConfig:
     # Beam search drops a hypothesis more than this many nats below its sentence's best live
     # one (1-best only): 18-21% fewer decoder rows, test BLEU within 0.05 (docs/performance.md); null: all K
     prune_margin: float | None = 3.0
-    # auto: bf16 where measured faster on the decoding device (as trainer.precision: auto), else
-    # fp32; or 32-true, bf16-mixed, 16-mixed
+    # auto: bf16 (fp16 on a GPU without native bf16) where measured faster on the decoding
+    # device, CPU or GPU, else fp32; or 32-true, bf16-mixed, 16-mixed
     precision: str = "auto"
 
 

@@ -1,14 +1,16 @@
 """``trainer.precision: auto``: pick the training precision by what is fast on this machine.
 
-On CUDA the answer is known from the hardware: bf16 mixed precision where the GPU has native
-bf16 (compute capability 8.0 or later), else fp16 mixed precision (Lightning adds the gradient
-scaler). On a CPU it must be measured: bf16 matmuls run 2.7x faster than fp32 on an AMD EPYC
+On CUDA training's answer is known from the hardware: bf16 mixed precision where the GPU has
+native bf16 (compute capability 8.0 or later), else fp16 mixed precision (Lightning adds the
+gradient scaler). On a CPU it must be measured: bf16 matmuls run 2.7x faster than fp32 on an AMD EPYC
 with AVX512-BF16 and ~3x on an Intel Xeon with AMX, but at half speed on an Intel Xeon with
 AVX512-BF16 and no AMX, although both report bf16 support. So ``auto`` times the model's own
 matmul shapes in fp32 and in bf16 (a few hundred milliseconds) and takes the faster. The
 answer is cached per CPU model, torch version and shapes in ``~/.cache/nmt/precision.json``.
-Decoding's ``auto`` times the model's own decoding steps instead (``time_decoding``): at the
-few rows of a decoding step, matmul timings do not predict it.
+Decoding's ``auto`` times the model's own decoding steps instead (``time_decoding``), on a GPU
+too: at the few rows of a decoding step, matmul timings do not predict it, and a small model's
+step on a GPU waits on kernel launches, which autocast's casts add to (on an H200 the default
+Transformer decoded in bf16 at 0.72x its fp32 speed).
 """
 
 from __future__ import annotations
@@ -43,6 +45,16 @@ TYPICAL_SOURCE_PIECES = 16  # a Multi30k source: ~15 pieces; sets the sentences 
 
 
 @dataclass(frozen=True)
+class Machine:
+    """Where a probe runs: ``name`` for the reason printed, ``identity`` to key its cached
+    answers, and the mixed precision it is timed against fp32 in (``half``, ``half_name``)."""
+    name: str
+    identity: str
+    half: str = "bf16-mixed"
+    half_name: str = "bf16"
+
+
+@dataclass(frozen=True)
 class PrecisionChoice:
     precision: str  # a Lightning precision string, e.g. "bf16-mixed" or "32-true"
     reason: str
@@ -60,6 +72,21 @@ def cpu_identity() -> str:
     info = _cpuinfo()
     flags = sorted(f for f in info.get("flags", "").split() if "bf16" in f or f.startswith("amx"))
     return f"{cpu_model()} family {info.get('cpu family')} model {info.get('model')} {flags}"
+
+
+def this_cpu() -> Machine:
+    """This CPU, timed in bf16."""
+    return Machine(cpu_model(), cpu_identity())
+
+
+def this_gpu() -> Machine:
+    """The current CUDA device, timed against fp32 in the precision it trains in
+    (``gpu_precision``)."""
+    major, minor = torch.cuda.get_device_capability()
+    name = torch.cuda.get_device_name()
+    half = gpu_precision().precision
+    return Machine(name, f"{name} compute {major}.{minor}", half,
+                   "bf16" if half == "bf16-mixed" else "fp16")
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -92,9 +119,11 @@ def _seconds(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def summarise_rounds(times: dict[str, list[float]]) -> dict:
-    """Per type, the best of its rounds' seconds (``times[name][0]``, the warm-up, left out),
-    and ``steady``: whether the rounds' fp32 / bf16 ratios agree within STEADY_RATIO."""
-    ratios = [fp32 / bf16 for fp32, bf16 in zip(times["fp32"][1:], times["bf16"][1:])]
+    """Per type (fp32 and one half type: bf16 or fp16), the best of its rounds' seconds
+    (``times[name][0]``, the warm-up, left out), and ``steady``: whether the rounds' fp32 /
+    half ratios agree within STEADY_RATIO."""
+    half = next(name for name in times if name != "fp32")
+    ratios = [fp32 / other for fp32, other in zip(times["fp32"][1:], times[half][1:])]
     return {**{name: min(seconds[1:]) for name, seconds in times.items()},
             "steady": max(ratios) <= STEADY_RATIO * min(ratios)}
 
@@ -125,13 +154,13 @@ def _entries() -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
-def _cached(key: str) -> dict | None:
+def _cached(key: str, half_name: str) -> dict | None:
     """The timing cached under ``key``; None where there is none, or where the entry holds no
-    pair of positive seconds as ``_store`` writes them, floats (a hand-edited or damaged
-    cache: measured anew and replaced)."""
+    pair of positive seconds (fp32 and ``half_name``) as ``_store`` writes them, floats (a
+    hand-edited or damaged cache: measured anew and replaced)."""
     timing = _entries().get(key)
     valid = isinstance(timing, dict) and all(
-        type(timing.get(name)) is float and 0 < timing[name] < math.inf for name in ("fp32", "bf16"))
+        type(timing.get(name)) is float and 0 < timing[name] < math.inf for name in ("fp32", half_name))
     return timing if valid else None
 
 
@@ -171,20 +200,23 @@ def choose_cpu_precision(shapes: list[tuple[int, int, int]], leader: bool = True
 
 
 def choose_by_probe(probe: str, measure: Callable[[], dict], what: str,
-                    cache_unsteady: bool = False, leader: bool = True) -> PrecisionChoice:
-    """bf16-mixed if ``measure()`` (``summarise_rounds``: seconds in fp32 and in bf16) finds
-    bf16 faster by ``BF16_MARGIN``, else 32-true. ``probe`` names what is measured; with the
-    CPU, torch version and threads it keys the cache, which keeps a measurement whose rounds
+                    cache_unsteady: bool = False, leader: bool = True,
+                    machine: Machine | None = None) -> PrecisionChoice:
+    """The ``machine``'s half precision (default: this CPU's bf16-mixed) if ``measure()``
+    (``summarise_rounds``: seconds in fp32 and in it) finds it faster by ``BF16_MARGIN``, else
+    32-true. ``probe`` names what is measured; with the machine, torch version and threads (a
+    speed ratio depends on them) it keys the cache, which keeps a measurement whose rounds
     disagreed (a busy machine) only with ``cache_unsteady``, and for followers: a ``leader``
     measures such an entry again. ``what`` names it in the reason; only a leader says on
     stderr that a probe runs (DDP's other processes stay quiet)."""
-    cpu = cpu_model()
-    if not has_native_bf16():
-        return PrecisionChoice("32-true", f"no native bf16 matmuls on {cpu}")
-    key = f"{cpu_identity()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{probe}"
-    timing = _cached(key)
+    if machine is None:
+        if not has_native_bf16():
+            return PrecisionChoice("32-true", f"no native bf16 matmuls on {cpu_model()}")
+        machine = this_cpu()
+    key = f"{machine.identity}|torch {torch.__version__}|threads {torch.get_num_threads()}|{probe}"
+    timing = _cached(key, machine.half_name)
     if timing is not None and (timing.get("steady", True) or not leader):
-        return _choice(timing, what, cpu, "cached probe", measured=False)
+        return _choice(timing, what, machine, "cached probe", measured=False)
     if leader:
         print(f"precision auto: timing {what} against fp32 (the answer is cached in {CACHE}; "
               "delete that file to measure again) ...", file=sys.stderr, flush=True)
@@ -197,29 +229,38 @@ def choose_by_probe(probe: str, measure: Callable[[], dict], what: str,
         source = "probe; its rounds disagreed, the machine is busy: the next run measures again"
     else:
         source = "probe"
-    return _choice(timing, what, cpu, source, measured=True)
+    return _choice(timing, what, machine, source, measured=True)
 
 
-def _choice(timing: dict, what: str, cpu: str, source: str, measured: bool) -> PrecisionChoice:
-    """bf16-mixed where ``timing`` has bf16 at least BF16_MARGIN times faster than fp32."""
-    speedup = timing["fp32"] / timing["bf16"]
-    chosen = "bf16-mixed" if speedup >= BF16_MARGIN else "32-true"
-    return PrecisionChoice(chosen, f"{what} {speedup:.2f}x fp32 on {cpu} ({source})", measured)
+def _choice(timing: dict, what: str, machine: Machine, source: str,
+            measured: bool) -> PrecisionChoice:
+    """The machine's half precision where ``timing`` has it at least BF16_MARGIN times faster
+    than fp32, else 32-true."""
+    speedup = timing["fp32"] / timing[machine.half_name]
+    chosen = machine.half if speedup >= BF16_MARGIN else "32-true"
+    return PrecisionChoice(chosen, f"{what} {speedup:.2f}x fp32 on {machine.name} ({source})",
+                           measured)
+
+
+def gpu_precision() -> PrecisionChoice:
+    """Training's precision on the current CUDA device, known from its hardware: bf16-mixed
+    where it has native bf16 (compute capability 8.0 or later), else 16-mixed."""
+    major, minor = torch.cuda.get_device_capability()
+    where = f"{torch.cuda.get_device_name()} (compute {major}.{minor})"
+    if major >= 8:
+        return PrecisionChoice("bf16-mixed", f"{where} has native bf16")
+    return PrecisionChoice("16-mixed", f"{where} lacks native bf16; fp16 with a gradient scaler")
 
 
 def resolve_precision(precision: str, choose_on_cpu: Callable[[], PrecisionChoice],
-                      accelerator: str = "auto") -> PrecisionChoice:
-    """The Lightning precision to run in; ``auto`` decides by the hardware on CUDA and by
-    ``choose_on_cpu`` (a measurement) on a CPU."""
+                      accelerator: str = "auto",
+                      choose_on_gpu: Callable[[], PrecisionChoice] = gpu_precision) -> PrecisionChoice:
+    """The Lightning precision to run in; ``auto`` decides by ``choose_on_gpu`` on CUDA (by
+    default the hardware) and by ``choose_on_cpu`` (a measurement) on a CPU."""
     if precision != "auto":
         return PrecisionChoice(precision, "set in the config")
     if torch.cuda.is_available() and accelerator in ("auto", "cuda", "gpu"):
-        major, minor = torch.cuda.get_device_capability()
-        name = torch.cuda.get_device_name()
-        if major >= 8:
-            return PrecisionChoice("bf16-mixed", f"{name} (compute {major}.{minor}) has native bf16")
-        return PrecisionChoice("16-mixed", f"{name} (compute {major}.{minor}) lacks native bf16; "
-                                           "fp16 with a gradient scaler")
+        return choose_on_gpu()
     return choose_on_cpu()
 
 
@@ -244,29 +285,37 @@ def autocast_dtype(choice: PrecisionChoice) -> torch.dtype | None:
 PROBE_STEPS = 4  # decoding steps per timed round of ``time_decoding``
 
 
-def time_decoding(model: torch.nn.Module, sentences: int, beam: int, rounds: int = 2) -> dict:
+HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # a Machine's half_name
+
+
+def time_decoding(model: torch.nn.Module, sentences: int, beam: int, rounds: int = 2,
+                  half: str = "bf16") -> dict:
     """``summarise_rounds`` of ``rounds`` rounds of the model's own encoder and first decoding
-    steps over ``sentences`` sources with ``beam`` hypotheses each, in fp32 and in bf16
-    autocast, in alternation. Each round has sources of a new length, as real decoding keeps
-    meeting new shapes: bf16 kernels for a new shape cost more to create than fp32 ones."""
-    expand = torch.arange(sentences).repeat_interleave(beam)  # sentence i -> its K rows
+    steps over ``sentences`` sources with ``beam`` hypotheses each, on the model's device, in
+    fp32 and in ``half`` (bf16 or fp16) autocast, in alternation. Each round has sources of a
+    new length, as real decoding keeps meeting new shapes: bf16 kernels for a new shape cost
+    more to create than fp32 ones."""
+    device = next(model.parameters()).device
+    expand = torch.arange(sentences, device=device).repeat_interleave(beam)  # sentence i -> its K rows
 
     def decode(length: int, dtype: torch.dtype | None) -> float:
-        src = torch.full((sentences, length), UNK)  # the content does not change the cost
+        src = torch.full((sentences, length), UNK, device=device)  # content does not change the cost
         start = time.perf_counter()
-        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=dtype is not None):
+        with torch.no_grad(), torch.autocast(device.type, dtype, enabled=dtype is not None):
             memory = model.encode(src, torch.ones_like(src, dtype=torch.bool))
-            first = torch.full((sentences,), BOS)
+            first = torch.full((sentences,), BOS, device=device)
             log_probs, state, _ = model.decode_step(first, model.init_state(memory), memory)
             prev, state = log_probs.argmax(-1)[expand], select_rows(state, expand)
             for _ in range(PROBE_STEPS):
                 log_probs, state, _ = model.decode_step(prev, state, memory)
                 prev = log_probs.argmax(-1)
+        if device.type == "cuda":  # the kernels queued must have run before the clock is read
+            torch.cuda.synchronize(device)
         return time.perf_counter() - start
 
-    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    times: dict[str, list[float]] = {"fp32": [], half: []}
     for length in range(12, 12 + rounds + 1):  # the first round warms up
-        for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        for name, dtype in (("fp32", None), (half, HALF_TYPES[half])):
             times[name].append(decode(length, dtype))
     return summarise_rounds(times)
 
@@ -296,12 +345,14 @@ def decoding_precision(config, model: torch.nn.Module, device_type: str,
     probe = (f"decoding {json.dumps(model_options, sort_keys=True)} vocab {config.data.vocab_size} "
              f"{sentences}x{beam}")
 
-    def choose() -> PrecisionChoice:
-        return choose_by_probe(probe, lambda: time_decoding(model, sentences, beam),
-                               f"bf16 decoding of {sentences} sentence{'s' * (sentences != 1)} "
-                               f"x beam {beam}")
+    def choose(machine: Machine | None = None) -> PrecisionChoice:  # None: this CPU
+        half = machine.half_name if machine else "bf16"
+        return choose_by_probe(probe, lambda: time_decoding(model, sentences, beam, half=half),
+                               f"{half} decoding of {sentences} sentence{'s' * (sentences != 1)} "
+                               f"x beam {beam}", machine=machine)
 
-    choice = resolve_precision(precision, choose, "cuda" if device_type == "cuda" else "cpu")
+    choice = resolve_precision(precision, choose, "cuda" if device_type == "cuda" else "cpu",
+                               lambda: choose(this_gpu()))
     if choice.measured:  # what the wait was for; later runs read the cache quietly
         print(f"decoding precision: {choice.precision} ({choice.reason})", file=sys.stderr,
               flush=True)

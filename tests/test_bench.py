@@ -261,7 +261,7 @@ def test_bench_decode_resolves_auto_once_at_each_beam(tiny, capsys, monkeypatch,
     bf16_seconds = {1: iter([0.5, 2.0]), 2: iter([2.0, 0.5])}  # a busy machine: one, then other
     probed = []
 
-    def unsteady_probe(model, sentences, beam, rounds=2):
+    def unsteady_probe(model, sentences, beam, rounds=2, half="bf16"):
         probed.append((sentences, beam))
         return {"fp32": 1.0, "bf16": next(bf16_seconds[beam]), "steady": False}
 

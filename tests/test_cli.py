@@ -1018,7 +1018,7 @@ def test_auto_precision_is_probed_at_the_beam_given(run, tmp_path, monkeypatch, 
     monkeypatch.setattr(precision, "CACHE", tmp_path / "precision.json")
     monkeypatch.setattr(precision, "has_native_bf16", lambda: True)
     beams = []
-    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam: beams.append(
+    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam, **_: beams.append(
         beam) or {"fp32": 1.0, "bf16": 0.5, "steady": True})
     source = tmp_path / "in.txt"
     source.write_text("haus\n")

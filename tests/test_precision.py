@@ -188,7 +188,7 @@ def test_probe_shapes_are_the_models_own(model, shapes):
 ])
 def test_decoding_precision(cache, monkeypatch, trainer, decoding, given, bf16_time, chosen):
     probes = []
-    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam: probes.append(
+    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam, **_: probes.append(
         (sentences, beam)) or {"fp32": 1.0, "bf16": bf16_time, "steady": True})
     config = load_config("configs/transformer.yaml",
                          [f"trainer.precision={trainer}", f"decoding.precision={decoding}",
@@ -375,7 +375,7 @@ def test_a_disturbed_decoding_probe_decides_this_run_only(cache, monkeypatch, ca
     rounds = iter([{"fp32": [1.0, 1.0, 1.0], "bf16": [0.5, 0.45, 1.25]},  # disturbed
                    {"fp32": [1.0, 1.0, 1.0], "bf16": [0.5, 0.45, 0.5]}])  # quiet: 2.0-2.2x
     calls = []
-    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam: calls.append(
+    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam, **_: calls.append(
         sentences) or precision.summarise_rounds(next(rounds)))
     config = load_config("configs/transformer.yaml", ["decoding.precision=auto"])
     first = precision.decoding_precision(config, None, "cpu")
@@ -465,7 +465,7 @@ def test_decoding_precision_is_probed_at_the_beam_decoded_at(cache, monkeypatch)
     favour different precisions (bf16 greedy 0.57x fp32, beam 5 0.88x on one Xeon). The probe
     decodes at the beam given, each beam's answer cached apart."""
     beams = []
-    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam: beams.append(
+    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam, **_: beams.append(
         beam) or {"fp32": 1.0, "bf16": 0.5 if beam == 1 else 2.0, "steady": True})
     config = load_config("configs/transformer.yaml", ["decoding.precision=auto",
                                                       "decoding.beam_size=5"])
@@ -478,7 +478,7 @@ def test_decoding_precision_is_probed_at_the_beam_decoded_at(cache, monkeypatch)
 
 
 def test_decoding_says_what_it_measured_and_only_then(cache, monkeypatch, capsys):
-    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam:
+    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam, **_:
                         {"fp32": 1.0, "bf16": 0.5, "steady": True})
     config = load_config("configs/transformer.yaml", ["decoding.precision=auto"])
     precision.decoding_precision(config, None, "cpu")
@@ -487,6 +487,61 @@ def test_decoding_says_what_it_measured_and_only_then(cache, monkeypatch, capsys
     assert "decoding precision: bf16-mixed (bf16 decoding of" in err and "2.00x fp32" in err
     precision.decoding_precision(config, None, "cpu")  # cached: nothing to wait for or say
     assert capsys.readouterr().err == ""
+
+
+def a_gpu(monkeypatch, capability: tuple[int, int], name: str = "Test GPU") -> None:
+    """torch sees one CUDA device of ``capability`` (none is needed: nothing runs on it)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: name)
+
+
+@pytest.mark.parametrize("capability, chosen", [((9, 0), "bf16-mixed"), ((7, 0), "16-mixed")])
+def test_training_on_a_gpu_takes_its_half_precision_from_the_hardware(monkeypatch, capability,
+                                                                      chosen):
+    def unused():
+        raise AssertionError("a GPU's training precision is not measured")
+
+    a_gpu(monkeypatch, capability)
+    choice = precision.resolve_precision("auto", unused)
+    assert choice.precision == chosen and f"Test GPU (compute {capability[0]}.0)" in choice.reason
+    # training on the CPU of a machine with a GPU measures the CPU
+    cpu = precision.PrecisionChoice("32-true", "the CPU's")
+    assert precision.resolve_precision("auto", lambda: cpu, accelerator="cpu") == cpu
+
+
+@pytest.mark.parametrize("capability, half, half_seconds, chosen", [
+    ((9, 0), "bf16", 1.39, "32-true"),  # an H200's default Transformer: bf16 decoded at 0.72x
+    ((9, 0), "bf16", 0.5, "bf16-mixed"),  # a model large enough for bf16 to pay
+    ((7, 0), "fp16", 0.5, "16-mixed"),  # no native bf16: timed in fp16, as it trains
+])
+def test_decoding_on_a_gpu_is_measured_in_the_precision_it_trains_in(
+        cache, monkeypatch, capability, half, half_seconds, chosen):
+    """A small model's decoding step on a GPU waits on kernel launches, which autocast's casts
+    add to: decoding's auto times both precisions there too, whatever the CPU has."""
+    a_gpu(monkeypatch, capability)
+    monkeypatch.setattr(precision, "has_native_bf16", lambda: False)  # the host CPU's: not asked
+    halves = []
+    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam, half: halves.append(
+        half) or {"fp32": 1.0, half: half_seconds, "steady": True})
+    config = load_config("configs/transformer.yaml", ["decoding.precision=auto"])
+    choice = precision.decoding_precision(config, None, "cuda")
+    assert halves == [half] and choice.precision == chosen and choice.measured
+    assert f"{half} decoding of" in choice.reason and "on Test GPU (probe)" in choice.reason
+    again = precision.decoding_precision(config, None, "cuda")  # cached for this GPU
+    assert halves == [half] and again.precision == chosen and not again.measured
+    a_gpu(monkeypatch, capability, name="Another GPU")  # another GPU measures for itself
+    precision.decoding_precision(config, None, "cuda")
+    assert halves == [half, half]
+    # on the CPU of the same machine: the CPU's answer (no native bf16 here), no probe
+    assert precision.decoding_precision(config, None, "cpu").precision == "32-true"
+    assert len(halves) == 2
+
+
+def test_real_decoding_probe_times_fp16_where_asked():
+    model = tiny_model("transformer", "scaled_dot", vocab=30, seed=3).eval()
+    timing = precision.time_decoding(model, sentences=3, beam=2, rounds=1, half="fp16")
+    assert set(timing) == {"fp32", "fp16", "steady"} and timing["fp16"] > 0
 
 
 def test_a_family_without_typical_matmuls_is_probed_on_its_weight_matrices(toy_registries,

@@ -867,7 +867,7 @@ def test_a_server_probes_auto_at_its_default_beam(runs, tmp_path, monkeypatch):
     monkeypatch.setattr(precision, "CACHE", tmp_path / "precision.json")
     monkeypatch.setattr(precision, "has_native_bf16", lambda: True)
     probes = []
-    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam: probes.append(
+    monkeypatch.setattr(precision, "time_decoding", lambda model, sentences, beam, **_: probes.append(
         (sentences, beam)) or {"fp32": 1.0, "bf16": 0.5, "steady": True})
     api = TranslationAPI({"first": str(paths[0])}, "torch", default_beam=2, max_batch=4,
                          precision="auto")
