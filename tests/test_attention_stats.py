@@ -240,8 +240,7 @@ def test_attention_options_without_a_picture_folder_are_refused(run, tmp_path, m
 def test_alignment_takes_the_layer_and_head_options(run, tmp_path, capsys):
     """--attention-layer and --attention-head choose the cross-attention --alignment reads
     (they were refused without --plot-attention): the rows are that map's."""
-    from nmt.alignment import pharaoh, word_alignment
-    from nmt.attention_stats import attention_matrix
+    from nmt.alignment import aligned
 
     (tmp_path / "in.txt").write_text("haus mann katze\nhund blau im park\n", encoding="utf-8")
     command = ["translate", "--checkpoint", str(run), "--input", str(tmp_path / "in.txt"),
@@ -250,10 +249,10 @@ def test_alignment_takes_the_layer_and_head_options(run, tmp_path, capsys):
                  "--attention-kind", "cross"]) == 0  # the map the pairs read: accepted
     rows = [row.split(" ||| ")[1] for row in capsys.readouterr().out.splitlines()]
     translator = Translator.from_run_dir(run, precision="32-true")
-    best = [hyps[0] for hyps in translator.translate(["haus mann katze", "hund blau im park"], 1,
-                                                     need_attn=True)]
-    assert rows == [pharaoh(word_alignment(attention_matrix(t.attention, 0, 1), t.source[:-1], t.pieces))
-                    for t in best]
+    lines = ["haus mann katze", "hund blau im park"]
+    best = [hyps[0] for hyps in translator.translate(lines, 1, need_attn=True)]
+    assert rows == [aligned(t, 0, "1", line=line, tokenizer=translator.tokenizer)
+                    for line, t in zip(lines, best)]
 
 
 @pytest.mark.parametrize("options,message", [

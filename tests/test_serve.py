@@ -328,8 +328,9 @@ def test_an_answer_reads_the_layer_and_head_its_request_picks(runs):
     from nmt.serve.api import TranslationAPI
     from nmt.serve.request import Job
 
-    _, paths, _ = runs
+    translators, paths, _ = runs
     api = TranslationAPI({"first": str(paths[0])}, "torch", default_beam=1, max_batch=4)
+    api.translators = {"first": translators["first"]}  # what setup loads: its tokenizer numbers words
     diagonal = torch.tensor([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]], dtype=torch.float64)
     crossed = diagonal[:, [1, 0, 2]]  # "a" to "hund", "dog" to "ein"
     attention = torch.stack([diagonal, crossed], dim=1)  # (T, layers, S)

@@ -302,8 +302,9 @@ def translate_chunk(translator, lines: list[str], first: int, args: argparse.Nam
     elif args.alignment:
         from nmt.alignment import aligned
 
-        rows = [f"{hyps[0].text} ||| {aligned(hyps[0], args.attention_layer, args.attention_head)}"
-                for hyps in results]
+        rows = [f"{hyps[0].text} ||| " + aligned(hyps[0], args.attention_layer, args.attention_head,
+                                                 line=line, tokenizer=translator.tokenizer)
+                for line, hyps in zip(lines, results)]
     else:
         rows = [hyps[0].text for hyps in results]
     return "".join(row + "\n" for row in rows)

@@ -52,6 +52,24 @@ class Tokenizer:
     def pieces(self, ids: list[int]) -> list[str]:
         return [self.sp.id_to_piece(i) for i in ids]
 
+    def spans(self, text: str) -> tuple[list[str], list[tuple[int, int]]] | None:
+        """The pieces of ``encode([text])[0]`` and each one's (begin, end) characters of
+        ``text``, those it was cut from (normalisation can leave a piece none, or give it
+        several); None where this SentencePiece cannot say (its offset mapping came in 0.2.3)."""
+        try:
+            mapping = self.sp.encode(text, return_type="offset_mapping")
+        except (TypeError, ValueError):  # no return_type, or not this one
+            return None
+        # the pieces as ``pieces`` names them: an unknown one "<unk>", not its text
+        return self.pieces(mapping["ids"]), [(begin, end) for begin, end in mapping["offsets"]]
+
+    def decoded_spans(self, pieces: list[str]) -> list[tuple[int, int]]:
+        """Each piece's (begin, end) characters in the text ``pieces`` decode to, read off
+        the decoded prefixes (a piece's text depends on the one before: the first loses its
+        space, an unknown one decodes as " ⁇ ")."""
+        ends = [len(self.sp.decode_pieces(pieces[: k + 1])) for k in range(len(pieces))]
+        return list(zip([0, *ends[:-1]], ends))
+
     def vocabulary(self) -> list[tuple[str, float]]:
         """Each id's piece and score: what decides how text is cut and what an id means. Two
         models trained on the same text have the same vocabulary, though their files differ

@@ -165,7 +165,9 @@ class TranslationAPI(litserve.LitAPI):
         if job.attention:
             answer["attention"] = [attention_view(t, *choice) for t in best]
         if job.alignment:
-            answer["alignments"] = [aligned(t, *choice) for t in best]
+            tokenizer = self.translators[job.model].tokenizer
+            answer["alignments"] = [aligned(t, *choice, line=text, tokenizer=tokenizer)
+                                    for t, text in zip(best, job.texts)]
         if job.warnings:
             answer["warnings"] = job.warnings
         return answer

@@ -81,10 +81,18 @@ function describe(model) {
   return `an ensemble of ${runs.join(" and ")} (no attention drawn)`;
 }
 
+// The whitespace characters Python's str.split() splits at, which number the words of an
+// alignment (JavaScript's \s differs: it takes U+FEFF, and leaves U+0085 and U+001C-U+001F).
+const WHITESPACE = /[\t\n\v\f\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+/;
+
+function words(text) {
+  return text.split(WHITESPACE).filter((word) => word);
+}
+
 // "i-j" pairs (source word i, target word j, as translate --alignment writes them) as a
 // list of "target word <- source word", in target order; words are split at whitespace.
 function alignmentList(pairs, source, translation) {
-  const src = source.trim().split(/\s+/), tgt = translation.split(" ");
+  const src = words(source), tgt = words(translation);
   const list = document.createElement("div");
   list.className = "alignment";
   list.title = "each target word and the source word its attention weighs most";
