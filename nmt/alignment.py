@@ -93,23 +93,19 @@ def pharaoh(pairs: list[tuple[int, int]]) -> str:
     return " ".join(f"{i}-{j}" for i, j in pairs)
 
 
-def aligned(translation: Translation, layer: int = -1, head: str = "mean", *,
-            line: str | None = None, tokenizer: Tokenizer | None = None) -> str:
-    """The Pharaoh pairs of a translation decoded with its attention, as ``translate
-    --alignment`` and ``serve``'s ``"alignment"`` give them: from its cross-attention, for a
-    Transformer ``layer``'s mean over heads or one head (``head``: "mean" or a head number, as
-    ``--attention-head`` takes it); "" for an empty line. Words are the whitespace words of
-    the source ``line`` and of the translation's text, by the ``tokenizer``'s offsets; without
-    them, by the pieces' "▁" marks."""
+def aligned(translation: Translation, line: str, tokenizer: Tokenizer, layer: int = -1,
+            head: str = "mean") -> str:
+    """The Pharaoh pairs of a translation of ``line`` decoded with its attention, as
+    ``translate --alignment`` and ``serve``'s ``"alignment"`` give them: from its
+    cross-attention, for a Transformer ``layer``'s mean over heads or one head (``head``:
+    "mean" or a head number, as ``--attention-head`` takes it); "" for an empty line. Words
+    are the whitespace words of ``line`` and of the translation's text (``text_word_ids``, by
+    the ``tokenizer``'s spans)."""
     if translation.attention is None:
         return ""
     one_head = None if head == "mean" else int(head)
     # in fp32 before the mean over heads: bf16 weights could round a near tie the other way
     weights = attention_matrix(translation.attention.float(), layer, one_head)  # (T + 1, S + 1)
-    source, target = translation.source[:-1], translation.pieces
-    if line is None or tokenizer is None:
-        return pharaoh(word_alignment(weights, word_ids(source), word_ids(target)))
-    decoded = (target, tokenizer.decoded_spans(target)) \
-        if tokenizer.sp.decode_pieces(target) == translation.text else None
+    source, target, text = translation.source[:-1], translation.pieces, translation.text
     return pharaoh(word_alignment(weights, text_word_ids(line, source, tokenizer.spans(line)),
-                                  text_word_ids(translation.text, target, decoded)))
+                                  text_word_ids(text, target, tokenizer.decoded_spans(target, text))))

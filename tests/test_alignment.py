@@ -38,7 +38,13 @@ def test_an_empty_translation_or_source_has_no_pairs():
     assert word_alignment(torch.ones(2, 1), word_ids([]), word_ids(["▁a"])) == []
 
 
-def test_a_transformers_alignment_reads_the_chosen_layer_and_head():
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    texts = ["Ein Hund läuft durch den Park.", "Das ist Peters Hund.", "Zwei Männer spielen."] * 30
+    return train_tokenizer(texts, tmp_path_factory.mktemp("spm") / "spm.model", 60)
+
+
+def test_a_transformers_alignment_reads_the_chosen_layer_and_head(tokenizer):
     """--alignment reads the last layer's mean over heads unless --attention-layer and
     --attention-head choose another (which layer aligns best varies by model)."""
     crossed, straight = torch.tensor([[0.1, 0.9], [0.9, 0.1]]), torch.eye(2)
@@ -46,9 +52,14 @@ def test_a_transformers_alignment_reads_the_chosen_layer_and_head():
     attention[:2, 0, 0, :2], attention[:2, 0, 1, :2] = crossed, straight  # layer 0: heads disagree
     attention[:2, 1, 0, :2] = attention[:2, 1, 1, :2] = crossed  # layer 1, the last: crossed
     translation = Translation("A dog", 0.0, ["▁A", "▁dog"], attention, ["▁Ein", "▁Hund", "</s>"])
-    assert aligned(translation) == "1-0 0-1"  # the last layer's mean
-    assert aligned(translation, 0, "1") == aligned(translation, 0) == "0-0 1-1"
-    assert aligned(translation, 0, "0") == aligned(translation, -1, "mean") == "1-0 0-1"
+    line = "Ein Hund"
+
+    def pairs(*choice):
+        return aligned(translation, line, tokenizer, *choice)
+
+    assert pairs() == "1-0 0-1"  # the last layer's mean
+    assert pairs(0, "1") == pairs(0) == "0-0 1-1"
+    assert pairs(0, "0") == pairs(-1, "mean") == "1-0 0-1"
 
 
 @pytest.mark.parametrize("text, pieces, spans, words", [
@@ -71,12 +82,6 @@ def test_pieces_go_to_the_whitespace_word_they_were_cut_from(text, pieces, spans
     assert max(words) == len(text.split()) - 1
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    texts = ["Ein Hund läuft durch den Park.", "Das ist Peters Hund.", "Zwei Männer spielen."] * 30
-    return train_tokenizer(texts, tmp_path_factory.mktemp("spm") / "spm.model", 60)
-
-
 def test_alignment_numbers_the_words_of_the_source_line_and_the_translation(tokenizer):
     """The pairs index the source line's and the translation's words split at whitespace: a
     source word with "´" in it (cut into more "▁" pieces) or two words joined by a zero-width
@@ -93,8 +98,9 @@ def test_alignment_numbers_the_words_of_the_source_line_and_the_translation(toke
         weights = torch.zeros(len(target) + 1, len(source) + 1)
         weights[:, len(source) - 1] = 1.0  # every target word looks at the last source piece
         translation = Translation(text, 0.0, target, weights, [*source, "</s>"])
-        by_marks = aligned(translation)  # the pieces' marks alone: not the texts' words
-        pairs = aligned(translation, line=line, tokenizer=tokenizer)
+        # the pieces' marks alone: not the texts' words
+        by_marks = pharaoh(word_alignment(weights, word_ids(source), word_ids(target)))
+        pairs = aligned(translation, line, tokenizer)
         last = len(line.split()) - 1
         assert pairs == f"{last}-0 {last}-1 {last}-2"
         assert by_marks != pairs

@@ -251,7 +251,7 @@ def test_alignment_takes_the_layer_and_head_options(run, tmp_path, capsys):
     translator = Translator.from_run_dir(run, precision="32-true")
     lines = ["haus mann katze", "hund blau im park"]
     best = [hyps[0] for hyps in translator.translate(lines, 1, need_attn=True)]
-    assert rows == [aligned(t, 0, "1", line=line, tokenizer=translator.tokenizer)
+    assert rows == [aligned(t, line, translator.tokenizer, 0, "1")
                     for line, t in zip(lines, best)]
 
 

@@ -302,8 +302,8 @@ def translate_chunk(translator, lines: list[str], first: int, args: argparse.Nam
     elif args.alignment:
         from nmt.alignment import aligned
 
-        rows = [f"{hyps[0].text} ||| " + aligned(hyps[0], args.attention_layer, args.attention_head,
-                                                 line=line, tokenizer=translator.tokenizer)
+        rows = [f"{hyps[0].text} ||| " + aligned(hyps[0], line, translator.tokenizer,
+                                                 args.attention_layer, args.attention_head)
                 for line, hyps in zip(lines, results)]
     else:
         rows = [hyps[0].text for hyps in results]

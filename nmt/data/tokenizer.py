@@ -63,12 +63,15 @@ class Tokenizer:
         # the pieces as ``pieces`` names them: an unknown one "<unk>", not its text
         return self.pieces(mapping["ids"]), [(begin, end) for begin, end in mapping["offsets"]]
 
-    def decoded_spans(self, pieces: list[str]) -> list[tuple[int, int]]:
-        """Each piece's (begin, end) characters in the text ``pieces`` decode to, read off
-        the decoded prefixes (a piece's text depends on the one before: the first loses its
-        space, an unknown one decodes as " ⁇ ")."""
-        ends = [len(self.sp.decode_pieces(pieces[: k + 1])) for k in range(len(pieces))]
-        return list(zip([0, *ends[:-1]], ends))
+    def decoded_spans(self, pieces: list[str], text: str) -> tuple[list[str], list[tuple[int, int]]] | None:
+        """``pieces`` and each one's (begin, end) characters in ``text``, the text they decode
+        to, read off the decoded prefixes (a piece's text depends on the one before: the first
+        loses its space, an unknown one decodes as " ⁇ "); None where they decode to another."""
+        prefixes = [self.sp.decode_pieces(pieces[: k + 1]) for k in range(len(pieces))]
+        if (prefixes[-1] if prefixes else "") != text:
+            return None
+        ends = [len(prefix) for prefix in prefixes]
+        return pieces, list(zip([0, *ends[:-1]], ends))
 
     def vocabulary(self) -> list[tuple[str, float]]:
         """Each id's piece and score: what decides how text is cut and what an id means. Two

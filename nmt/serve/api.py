@@ -166,7 +166,7 @@ class TranslationAPI(litserve.LitAPI):
             answer["attention"] = [attention_view(t, *choice) for t in best]
         if job.alignment:
             tokenizer = self.translators[job.model].tokenizer
-            answer["alignments"] = [aligned(t, *choice, line=text, tokenizer=tokenizer)
+            answer["alignments"] = [aligned(t, text, tokenizer, *choice)
                                     for t, text in zip(best, job.texts)]
         if job.warnings:
             answer["warnings"] = job.warnings
