@@ -411,6 +411,41 @@ def test_a_truncated_text_is_reported_in_its_answer_not_in_the_log(runs, capsys)
     assert "truncated" not in capsys.readouterr().err
 
 
+def test_a_beam_over_the_vocabulary_is_a_400_not_a_failed_translation(runs, monkeypatch):
+    """translate refuses a beam larger than the vocabulary (a toy's, here 4 pieces): a request
+    asking for one was a 500 "translation failed" from the worker; now its 400 says why."""
+    from nmt.data.tokenizer import Tokenizer
+    from nmt.serve.api import TranslationAPI
+    from nmt.serve.request import Job, Rejected
+
+    translators, paths, _ = runs
+    api = TranslationAPI({"first": str(paths[0])}, "torch", default_beam=1, max_batch=4)
+    api.translators = translators
+    monkeypatch.setattr(Tokenizer, "__len__", lambda self: 4)
+    assert api.decode_request({"text": ["hund"], "beam": 5}) == \
+        Rejected("'beam' must be at most the vocabulary's 4 pieces for model \"first\", got 5")
+    assert isinstance(api.decode_request({"text": ["hund"], "beam": 4}), Job)
+
+
+def test_a_default_beam_over_the_vocabulary_is_one_line_before_start(runs, capsys, monkeypatch):
+    """--beam above a served model's vocabulary: the worker's warm-up refused it, a traceback in
+    the log and then "the server could not start"; now one line before any worker starts."""
+    import litserve
+
+    from nmt.data.tokenizer import Tokenizer
+
+    class ToyVocabulary(Tokenizer):  # as the start-up check reads it (the weights' check not)
+        def __len__(self) -> int:
+            return 4
+
+    _, paths, _ = runs
+    monkeypatch.setattr("nmt.serve.server.Tokenizer", ToyVocabulary)
+    monkeypatch.setattr(litserve.LitServer, "run", lambda self, **options: None)  # never starts
+    code, err = serve_on_a_free_port(capsys, ["--checkpoint", str(paths[0]), "--beam", "5"])
+    assert code == 1
+    assert "beam 5 is more than the vocabulary's 4 pieces" in err and err.count("\n") == 1, err
+
+
 def test_a_request_of_too_many_pieces_is_refused_before_it_is_decoded(server):
     """Texts of more than 4,096 pieces in all (after each is cut to 511) would hold up every
     request batched with them: 413, one line, while a request within the limit is answered."""

@@ -17,7 +17,7 @@ from nmt.engines import load_translator
 from nmt.errors import NMTError
 from nmt.serve.models import attention_maps
 from nmt.serve.processes import TimeoutAdvice, worker_loop
-from nmt.serve.request import MAX_PIECES, Job, Rejected, RequestBody, parse_request
+from nmt.serve.request import MAX_PIECES, Job, Rejected, RequestBody, parse_request, quoted
 from nmt.translator import source_limit
 
 BATCH_TIMEOUT = 0.02  # seconds the worker waits for more requests to batch with
@@ -76,7 +76,16 @@ class TranslationAPI(litserve.LitAPI):
         if job.alignment and self.ensemble:
             return Rejected("'alignment' reads one model's attention, and this server decodes an "
                             "ensemble: serve the run alone, without --ensemble")
-        return self._check_attention_choice(job) or self._measure(job)
+        return self._check_attention_choice(job) or self._check_beam(job) or self._measure(job)
+
+    def _check_beam(self, job: Job) -> Rejected | None:
+        """A 400 where the job's beam is more than its model's vocabulary: translate refuses
+        it (``check_beam``), which was a 500 "translation failed" from the worker."""
+        vocab = len(self.translators[job.model].tokenizer)
+        if job.beam <= vocab:
+            return None
+        return Rejected(f"'beam' must be at most the vocabulary's {vocab:,} pieces for model "
+                        f"{quoted(job.model)}, got {job.beam}")
 
     def _check_attention_choice(self, job: Job) -> Rejected | None:
         """A 400 where the job's "attention_layer" or "attention_head" picks a map its model

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from nmt.config import DECODING_PRECISIONS, load_config
+from nmt.data.tokenizer import Tokenizer
 from nmt.engines import check_engine_options
 from nmt.errors import NMTError, stopped_cleanly
 from nmt.serve.api import BATCH_TIMEOUT, TranslationAPI
@@ -60,7 +61,8 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
         for path in runs.values():
             check_export(path)
     for path in runs.values():  # what the worker's warm-up would refuse: one line now
-        check_decoding_config(load_config(Path(path) / "config.yaml"), engine, beam, precision)
+        vocab = len(Tokenizer(Path(path) / "spm.model"))
+        check_decoding_config(load_config(Path(path) / "config.yaml"), engine, beam, precision, vocab)
     if ensemble:
         check_ensemble(paths[0], ensemble, weights)
         for member in ensemble:  # the worker loads them too: as the run's own, checked now
@@ -78,11 +80,13 @@ def build_server(paths: list[str], engine: str = "torch", beam: int = 5,
     return server
 
 
-def check_decoding_config(config, engine: str, beam: int, precision: str | None) -> None:
-    """A served model's decoding options (its config's, a hand-edited one's too) as
-    ``Translator.translate`` and ``decoding_precision`` check them in the worker, where a
-    refusal was a traceback in the log and then "the server could not start" without why."""
-    decoding_options(config.decoding, beam, 1, None)
+def check_decoding_config(config, engine: str, beam: int, precision: str | None,
+                          vocab: int) -> None:
+    """A served model's decoding options (its config's, a hand-edited one's too) and --beam
+    against its ``vocab`` size, as ``Translator.translate`` and ``decoding_precision`` check them
+    in the worker, where a refusal was a traceback in the log and then "the server could not
+    start" without why."""
+    decoding_options(config.decoding, beam, 1, None, vocab)
     chosen = precision or config.decoding.precision
     if engine == "torch" and chosen not in DECODING_PRECISIONS:
         raise NMTError(f"unknown decoding precision '{chosen}'; choose from: "
