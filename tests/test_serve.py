@@ -302,6 +302,9 @@ def test_attention_and_alignments_read_the_layer_and_head_asked_for(server, runs
     (b'{"text": ["x"], "beam": ' + b"[" * 600 + b"]" * 600 + b"}", "nests deeper than 8 levels"),
     # deeper than Python's JSON parser takes: "There was an error parsing the body" before
     (b'{"text": ["x"], "beam": ' + b"[" * 3000 + b"]" * 3000 + b"}", "nests deeper than 8 levels"),
+    # past Python's limit on an integer's digits: "There was an error parsing the body" before
+    (b'{"text": ["x"], "beam": ' + b"5" * 5000 + b"}",
+     f"a number in the body has more than {sys.get_int_max_str_digits():,} digits"),
 ])
 def test_bad_request_gets_one_line_400(server, body, message):
     status, answer = request(server + "/translate", body)

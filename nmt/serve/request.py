@@ -2,6 +2,7 @@
 its one-line error; FastAPI's own errors about a body in the same {"error": ...} form."""
 
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -166,16 +167,19 @@ async def bad_body(request: Request, error: RequestValidationError) -> JSONRespo
 
 async def http_error(request: Request, error: HTTPException) -> JSONResponse:
     """Every other HTTP error (unreadable body, timeout, ...) in the same {"error": ...} form.
-    A body that is not UTF-8, or that nests too deep for Python's JSON parser (about 1,000
-    levels: a RecursionError, before ``shallow`` could count them), is said so, where FastAPI
-    says only "There was an error parsing the body": it parses the JSON (LitServe hands
-    ``decode_request`` the parsed body, in its worker, or with a ``Request`` parameter parses
-    it itself), and keeps why as the cause."""
+    FastAPI parses the JSON (LitServe hands ``decode_request`` the parsed body, in its worker,
+    or with a ``Request`` parameter parses it itself); where that fails other than as invalid
+    JSON it says only "There was an error parsing the body" and keeps why as the cause. We say
+    why: a body that is not UTF-8, one nesting too deep for Python's JSON parser (about 1,000
+    levels: a RecursionError, before ``shallow`` could count them), or an integer of more
+    digits than Python converts (4,300 by default)."""
     message = str(error.detail)
     if isinstance(cause := error.__cause__, UnicodeDecodeError):
         where = f" (byte {cause.start})" if cause.encoding == "utf-8" else ""  # from 0, as a file's
         message = f"the body is not valid UTF-8{where}: send the JSON encoded as UTF-8"
     elif isinstance(cause, RecursionError):
         message = TOO_DEEP
+    elif type(cause) is ValueError:  # json's only other error: an integer past Python's limit
+        message = f"a number in the body has more than {sys.get_int_max_str_digits():,} digits"
     return JSONResponse({"error": message}, status_code=error.status_code,
                         headers=getattr(error, "headers", None))
