@@ -1,10 +1,11 @@
 """``nmt serve``: translation over HTTP with LitServe, and a page that shows the attention.
 
 A thin adapter around ``Translator`` (or ``ctranslate2_translator.CTranslate2Translator``).
-LitServe runs one inference worker (one per GPU on a host with several); requests that arrive within ``BATCH_TIMEOUT`` seconds of
-each other (up to ``max_batch`` of them) reach ``predict`` together, and the texts of all those
-that ask for the same model, beam, attention (or alignment) and nbest are decoded in one
-``translate`` call: one batched beam search per length bucket.
+LitServe runs one inference worker (one per GPU on a host with several); requests that
+arrive within ``BATCH_TIMEOUT`` seconds of each other (up to ``max_batch`` of them) reach
+``predict`` together, and the texts of all those that ask for the same model, beam, attention
+(or alignment) and nbest are decoded in one ``translate`` call: one batched beam search per
+length bucket.
 
     POST /translate  {"text": ["...", ...], "beam": 5, "attention": false, "alignment": false,
                       "model": NAME, "nbest": 1, "attention_layer": -1, "attention_head": "mean"}
