@@ -237,44 +237,67 @@ class DropoutForBudget(L.Callback):
     with 0.1 by 14-16, where 0.2 won by 1.7 BLEU (docs/performance.md). A time budget buys
     more epochs on a faster machine, so no one value suits every machine. This callback
     trains the first epoch with the model's dropout, then reads the budget's end
-    (``budget_horizon``: max_steps, max_epochs, or max_time at the speed of that epoch) and,
-    if it lies at least ``long_epochs`` epochs out, sets ``long_dropout`` for the rest of
-    the run (``set_dropout`` of the model). The decision is made once, printed, and kept in
-    checkpoints, so a resumed run keeps it.
+    (``budget_horizon``: max_steps, max_epochs, or max_time at the speed of that epoch) and
+    sets ``long_dropout`` for the rest of the run if that lies at least ``long_epochs``
+    epochs out, ``short_dropout`` if under ``short_epochs`` (either None: not chosen), else
+    keeps the model's (``set_dropout`` of the model). The decision is made once, printed, and
+    kept in checkpoints, so a resumed run keeps it.
     """
 
-    def __init__(self, long_dropout: float, long_epochs: float):
+    def __init__(self, long_dropout: float | None, long_epochs: float,
+                 short_dropout: float | None = None, short_epochs: float = 0.0):
         self.long_dropout, self.long_epochs = long_dropout, long_epochs
-        self.decided, self.switched = False, False
+        self.short_dropout, self.short_epochs = short_dropout, short_epochs
+        self.decided, self.chosen = False, None  # chosen: the dropout set, None while kept
 
     def state_dict(self) -> dict:
-        return {"decided": self.decided, "switched": self.switched}
+        return {"decided": self.decided, "chosen": self.chosen}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.decided, self.switched = state_dict["decided"], state_dict["switched"]
+        self.decided = state_dict["decided"]
+        if "chosen" in state_dict:
+            self.chosen = state_dict["chosen"]
+        else:  # a checkpoint from before the short-run rule: long or kept
+            self.chosen = self.long_dropout if state_dict["switched"] else None
 
     def budget_epochs(self, trainer: L.Trainer) -> float:
         """The epochs the budget buys, as known now."""
         return budget_horizon(trainer)(trainer.global_step) / steps_per_epoch(trainer)
 
+    def choose(self, epochs: float) -> float | None:
+        """The dropout for a budget of ``epochs``; None: the model's kept."""
+        if self.long_dropout is not None and epochs >= self.long_epochs:
+            return self.long_dropout
+        if self.short_dropout is not None and epochs < self.short_epochs:
+            return self.short_dropout
+        return None
+
+    def rule(self) -> str:
+        """The rule as printed: "short run: under 4, long run: 12 or more"."""
+        runs = []
+        if self.short_dropout is not None:
+            runs.append(f"short run: under {self.short_epochs:g}")
+        if self.long_dropout is not None:
+            runs.append(f"long run: {self.long_epochs:g} or more")
+        return ", ".join(runs)
+
     def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if not self.decided and trainer.current_epoch >= 1:
             self.decided = True
             epochs = self.budget_epochs(trainer)
-            self.switched = epochs >= self.long_epochs
+            self.chosen = self.choose(epochs)
             if trainer.is_global_zero:
-                choice = (f"dropout {self.long_dropout} from now on" if self.switched
-                          else "the model's dropout kept")
-                print(f"\nthe budget buys {epochs:.1f} epochs (long run: {self.long_epochs:g} or "
-                      f"more): {choice}", flush=True)
-        if self.switched:
-            module.model.set_dropout(self.long_dropout)
+                choice = ("the model's dropout kept" if self.chosen is None
+                          else f"dropout {self.chosen} from now on")
+                print(f"\nthe budget buys {epochs:.1f} epochs ({self.rule()}): {choice}", flush=True)
+        if self.chosen is not None:
+            module.model.set_dropout(self.chosen)
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         # A run resumed inside an epoch starts no epoch, so the decision restored from its
         # checkpoint is applied here (before its first batch) as well.
-        if self.switched:
-            module.model.set_dropout(self.long_dropout)
+        if self.chosen is not None:
+            module.model.set_dropout(self.chosen)
 
 
 class WarmupWithinBudget(L.Callback):

@@ -58,9 +58,12 @@ class OptimConfig:
     min_lr: float = 1e-6  # plateau's lower bound; cosine's floor at the end of the budget
     ema_decay: float = 0.0  # > 0: evaluate and save an EMA of the weights (nmt.callbacks.WeightEMA)
     # A run whose budget buys at least long_run_epochs epochs trains with model.dropout for one
-    # epoch, then with long_run_dropout (nmt.callbacks.DropoutForBudget); null: model.dropout only
+    # epoch, then with long_run_dropout; one whose budget buys fewer than short_run_epochs, then
+    # with short_run_dropout (nmt.callbacks.DropoutForBudget); null: model.dropout only
     long_run_dropout: float | None = None
     long_run_epochs: float = 12.0
+    short_run_dropout: float | None = None
+    short_run_epochs: float = 0.0
 
 
 @dataclass
@@ -288,7 +291,8 @@ def config_error(err: OmegaConfBaseException | TypeError) -> str:
 # study's recorded cells lack them and mean that value (nmt.resume, nmt.compare).
 ADDED_SINCE = {"decoding": {"prune_margin": None}, "trainer": {"best_metric": "val_bleu"},
                "model": {"embed_init": "unit"},
-               "optim": {"long_run_dropout": None, "long_run_epochs": 12.0}}
+               "optim": {"long_run_dropout": None, "long_run_epochs": 12.0,
+                         "short_run_dropout": None, "short_run_epochs": 0.0}}
 
 
 def to_dict(config: Config) -> dict:

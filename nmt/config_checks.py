@@ -93,12 +93,13 @@ def check_model_fits(config: Config) -> None:
     if config.data.max_len >= max_positions:
         raise NMTError(f"data.max_len {config.data.max_len} must be below the model's "
                        f"max_positions {max_positions}")
-    long_dropout = config.optim.long_run_dropout
-    if long_dropout is not None and not (0 <= long_dropout < 1 and hasattr(cls, "set_dropout")):
-        raise NMTError(f"optim.long_run_dropout {long_dropout} needs a value in [0, 1) and a model "
-                       f"with set_dropout ({cls.__name__})")
-    if long_dropout is not None and not 0 <= config.optim.long_run_epochs < math.inf:
-        raise NMTError(f"optim.long_run_epochs must be 0 or more, got {config.optim.long_run_epochs}")
+    for run in ("long_run", "short_run"):
+        dropout, epochs = getattr(config.optim, f"{run}_dropout"), getattr(config.optim, f"{run}_epochs")
+        if dropout is not None and not (0 <= dropout < 1 and hasattr(cls, "set_dropout")):
+            raise NMTError(f"optim.{run}_dropout {dropout} needs a value in [0, 1) and a model "
+                           f"with set_dropout ({cls.__name__})")
+        if dropout is not None and not 0 <= epochs < math.inf:
+            raise NMTError(f"optim.{run}_epochs must be 0 or more, got {epochs}")
 
 
 def check_optim_config(optim: OptimConfig) -> None:

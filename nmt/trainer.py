@@ -207,9 +207,10 @@ def training_callbacks(config: Config, run_dir: Path) -> list[L.Callback]:
     # Also at 0: it deletes the checkpoints an earlier segment kept (keep_last_checkpoints
     # lowered on resume), which nmt average would otherwise take for the run's last ones.
     callbacks.append(KeepLastCheckpoints(run_dir, t.keep_last_checkpoints))
-    if config.optim.long_run_dropout is not None:
-        callbacks.append(DropoutForBudget(config.optim.long_run_dropout,
-                                          config.optim.long_run_epochs))
+    optim = config.optim
+    if optim.long_run_dropout is not None or optim.short_run_dropout is not None:
+        callbacks.append(DropoutForBudget(optim.long_run_dropout, optim.long_run_epochs,
+                                          optim.short_run_dropout, optim.short_run_epochs))
     if config.optim.schedule == "cosine":
         callbacks.append(WarmupWithinBudget(config.optim.warmup_steps))
     return callbacks

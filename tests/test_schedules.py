@@ -123,28 +123,45 @@ def dropout_rates(model: torch.nn.Module) -> list[float]:
     return [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
 
 
-@pytest.mark.parametrize("long_epochs, switched", [(4, True), (12, False)])
-def test_dropout_for_budget_decides_once_after_the_first_epoch(monkeypatch, capsys,
-                                                                long_epochs, switched):
+@pytest.mark.parametrize("long_epochs, short_epochs, rule, chosen", [
+    (4, None, "long run: 4 or more", 0.3),
+    (12, None, "long run: 12 or more", None),
+    (12, 6, "short run: under 6, long run: 12 or more", 0.0),
+    (12, 5, "short run: under 5, long run: 12 or more", None),  # 5.0 epochs: not under 5
+])
+def test_dropout_for_budget_decides_once_after_the_first_epoch(monkeypatch, capsys, long_epochs,
+                                                                short_epochs, rule, chosen):
     model = tiny_model("transformer", "scaled_dot", dropout=0.1, ff_dropout=0.05)
     module = SimpleNamespace(model=model)
-    callback = DropoutForBudget(long_dropout=0.3, long_epochs=long_epochs)
+    short = {} if short_epochs is None else {"short_dropout": 0.0, "short_epochs": short_epochs}
+    callback = DropoutForBudget(long_dropout=0.3, long_epochs=long_epochs, **short)
     callback.on_train_epoch_start(budget_trainer(monkeypatch, 0, 0, 0.0), module)
     assert sorted(set(dropout_rates(model))) == [0.05, 0.1]  # the first epoch: as built
     # 100 steps in 2 of 10 minutes: the budget ends at step 500, epoch 5.
     callback.on_train_epoch_start(budget_trainer(monkeypatch, 1, 100, 120.0), module)
-    assert f"the budget buys 5.0 epochs (long run: {long_epochs} or more)" in capsys.readouterr().out
-    expected = [0.05, 0.3] if switched else [0.05, 0.1]  # feed-forward dropout keeps its own
+    assert f"the budget buys 5.0 epochs ({rule}): " in capsys.readouterr().out
+    expected = sorted({0.05, 0.1 if chosen is None else chosen})  # feed-forward dropout keeps its own
     assert sorted(set(dropout_rates(model))) == expected
     # Decided once: a slower second epoch changes nothing, and a resume keeps the decision.
     callback.on_train_epoch_start(budget_trainer(monkeypatch, 2, 200, 590.0), module)
-    resumed = DropoutForBudget(long_dropout=0.3, long_epochs=long_epochs)
+    resumed = DropoutForBudget(long_dropout=0.3, long_epochs=long_epochs, **short)
     resumed.load_state_dict(callback.state_dict())
     fresh = tiny_model("transformer", "scaled_dot", dropout=0.1, ff_dropout=0.05)
     resumed.on_train_epoch_start(budget_trainer(monkeypatch, 3, 300, 10.0),
                                  SimpleNamespace(model=fresh))
     assert sorted(set(dropout_rates(fresh))) == expected
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("switched, expected", [(True, [0.05, 0.3]), (False, [0.05, 0.1])])
+def test_a_checkpoint_from_before_the_short_run_rule_keeps_its_decision(switched, expected):
+    """Checkpoints saved before short runs had a rule hold {"decided", "switched"}: switched
+    meant the long run's dropout, as it still does."""
+    callback = DropoutForBudget(long_dropout=0.3, long_epochs=12, short_dropout=0.0, short_epochs=4)
+    callback.load_state_dict({"decided": True, "switched": switched})
+    model = tiny_model("transformer", "scaled_dot", dropout=0.1, ff_dropout=0.05)
+    callback.on_train_start(None, SimpleNamespace(model=model))
+    assert sorted(set(dropout_rates(model))) == expected
 
 
 def test_the_rnn_sets_its_dropout_too():
@@ -161,14 +178,23 @@ def test_a_run_long_enough_switches_its_dropout_and_checkpoints_the_decision(tmp
     assert "the budget buys 3.0 epochs (long run: 3 or more): dropout 0.3 from now on" \
         in capsys.readouterr().out
     state = torch.load(run / "last.ckpt", map_location="cpu", weights_only=False)
-    assert state["callbacks"]["DropoutForBudget"] == {"decided": True, "switched": True}
+    assert state["callbacks"]["DropoutForBudget"] == {"decided": True, "chosen": 0.3}
 
 
-def test_a_long_run_dropout_outside_0_1_is_an_error(tmp_path, capsys):
+def test_a_short_run_switches_to_its_dropout(tmp_path, capsys):
     files = write_corpus(tmp_path)
-    args = [*tiny_train_args(files, tmp_path / "run", tmp_path / "data"), "optim.long_run_dropout=1.5"]
+    assert main([*tiny_train_args(files, tmp_path / "run", tmp_path / "data", epochs=3),
+                 "optim.short_run_dropout=0.0", "optim.short_run_epochs=4"]) == 0
+    assert "the budget buys 3.0 epochs (short run: under 4, long run: 12 or more): dropout 0.0 from now on" \
+        in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("run", ["long_run", "short_run"])
+def test_a_budget_dropout_outside_0_1_is_an_error(tmp_path, capsys, run):
+    files = write_corpus(tmp_path)
+    args = [*tiny_train_args(files, tmp_path / "run", tmp_path / "data"), f"optim.{run}_dropout=1.5"]
     assert main(args) != 0
-    assert "optim.long_run_dropout 1.5 needs a value in [0, 1)" in capsys.readouterr().err
+    assert f"optim.{run}_dropout 1.5 needs a value in [0, 1)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("patience, epochs", [(1, 2), (0, 4)])
@@ -313,6 +339,8 @@ def test_a_family_without_the_decoding_interface_is_refused_at_start_up(toy_regi
     ("--max-epochs -5", "trainer.max_epochs must be 1 or more (-1: no limit), got -5"),
     ("trainer.max_steps=-2", "trainer.max_steps must be 1 or more (-1: no limit), got -2"),
     ("optim.long_run_epochs=-1", "optim.long_run_epochs must be 0 or more, got -1"),
+    ("optim.short_run_dropout=0 optim.short_run_epochs=-1",
+     "optim.short_run_epochs must be 0 or more, got -1"),
     ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val must be 0 (off) or more, got -1"),
     *((f"trainer.precision={p}", f"trainer.precision {p}: nmt trains fp32 weights, with bf16 or "
        "fp16 matmuls at most; choose auto, 32-true, bf16-mixed or 16-mixed")
