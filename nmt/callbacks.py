@@ -245,7 +245,7 @@ class DropoutForBudget(L.Callback):
     """
 
     def __init__(self, long_dropout: float | None, long_epochs: float,
-                 short_dropout: float | None = None, short_epochs: float = 0.0):
+                 short_dropout: float | None = None, short_epochs: float = 3.5):
         self.long_dropout, self.long_epochs = long_dropout, long_epochs
         self.short_dropout, self.short_epochs = short_dropout, short_epochs
         self.decided, self.chosen = False, None  # chosen: the dropout set, None while kept

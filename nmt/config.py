@@ -63,7 +63,7 @@ class OptimConfig:
     long_run_dropout: float | None = None
     long_run_epochs: float = 12.0
     short_run_dropout: float | None = None
-    short_run_epochs: float = 0.0
+    short_run_epochs: float = 3.5
 
 
 @dataclass
@@ -292,7 +292,7 @@ def config_error(err: OmegaConfBaseException | TypeError) -> str:
 ADDED_SINCE = {"decoding": {"prune_margin": None}, "trainer": {"best_metric": "val_bleu"},
                "model": {"embed_init": "unit"},
                "optim": {"long_run_dropout": None, "long_run_epochs": 12.0,
-                         "short_run_dropout": None, "short_run_epochs": 0.0}}
+                         "short_run_dropout": None, "short_run_epochs": 3.5}}
 
 
 def to_dict(config: Config) -> dict:

@@ -639,15 +639,17 @@ def test_a_damaged_last_checkpoint_is_one_line_and_kept(corpus, tmp_path, capsys
 
 @pytest.mark.parametrize("dropped, refused, value", [
     ("long_run_", "optim.long_run_dropout=None, not 0.2", "optim.long_run_dropout=null"),
+    ("short_run_", "optim.short_run_dropout=None, not 0.0", "optim.short_run_dropout=null"),
     ("best_metric", "trainer.best_metric='val_bleu', not 'val_loss'", "trainer.best_metric=val_bleu"),
 ])
 def test_a_run_saved_before_an_option_existed_resumes_only_with_what_it_did(
         corpus, tmp_path, capsys, dropped, refused, value):
     """A config.yaml that predates an option means the value that does what the run did: the
-    built-in default (optim.long_run_*: off, where the Transformer config now sets 0.2), or,
-    where the default does otherwise, ADDED_SINCE's (runs before trainer.best_metric picked
-    best.ckpt by val_bleu; the default is val_loss). It resumes with that value only, never
-    silently with another trajectory or another metric choosing its best.ckpt."""
+    built-in default (optim.long_run_* and short_run_*: off, where the Transformer config now
+    sets 0.2 and 0.0), or, where the default does otherwise, ADDED_SINCE's (runs before
+    trainer.best_metric picked best.ckpt by val_bleu; the default is val_loss). It resumes
+    with that value only, never silently with another trajectory or another metric choosing
+    its best.ckpt."""
     assert main(args(corpus, tmp_path, "trainer.max_steps=1")) == 0
     saved = tmp_path / "config.yaml"
     text = saved.read_text()

@@ -175,8 +175,9 @@ def test_a_run_long_enough_switches_its_dropout_and_checkpoints_the_decision(tmp
     run = tmp_path / "run"
     assert main([*tiny_train_args(files, run, tmp_path / "data", epochs=3),
                  "optim.long_run_dropout=0.3", "optim.long_run_epochs=3"]) == 0
-    assert "the budget buys 3.0 epochs (long run: 3 or more): dropout 0.3 from now on" \
-        in capsys.readouterr().out
+    # the long run wins where both rules would apply (the config's short run: under 3.5)
+    assert "the budget buys 3.0 epochs (short run: under 3.5, long run: 3 or more): dropout 0.3 " \
+        "from now on" in capsys.readouterr().out
     state = torch.load(run / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["callbacks"]["DropoutForBudget"] == {"decided": True, "chosen": 0.3}
 
