@@ -233,10 +233,10 @@ class DropoutForBudget(L.Callback):
     """Residual dropout chosen by the number of epochs the budget buys.
 
     How much dropout pays depends on how long the model trains: the default Transformer on
-    Multi30k was still underfitting at 3.3 epochs, where none after the first epoch beat 0.1,
-    and at 4-10, where 0.1 beat 0.2, and overfit with 0.1 by 14-16, where 0.2 won by 1.7 BLEU
-    (docs/performance.md). A time budget buys
-    more epochs on a faster machine, so no one value suits every machine. This callback
+    Multi30k was still underfitting at 3.3 epochs, where no dropout after the first epoch beat
+    0.1, and at 4-10, where 0.1 beat 0.2, and overfit with 0.1 by 14-16, where 0.2 won by 1.7
+    BLEU (docs/performance.md). A time budget buys more epochs on a faster machine, so no one
+    value suits every machine. This callback
     trains the first epoch with the model's dropout, then reads the budget's end
     (``budget_horizon``: max_steps, max_epochs, or max_time at the speed of that epoch) and
     sets ``long_dropout`` for the rest of the run if that lies at least ``long_epochs``
