@@ -47,11 +47,15 @@ TYPICAL_SOURCE_PIECES = 16  # a Multi30k source: ~15 pieces; sets the sentences 
 @dataclass(frozen=True)
 class Machine:
     """Where a probe runs: ``name`` for the reason printed, ``identity`` to key its cached
-    answers, and the mixed precision it is timed against fp32 in (``half``, ``half_name``)."""
+    answers, and the mixed precision it is timed against fp32 in (``half``)."""
     name: str
     identity: str
     half: str = "bf16-mixed"
-    half_name: str = "bf16"
+
+    @property
+    def half_name(self) -> str:
+        """The half type's name in timings and the cache: "bf16" or "fp16"."""
+        return "bf16" if self.half == "bf16-mixed" else "fp16"
 
 
 @dataclass(frozen=True)
@@ -84,9 +88,7 @@ def this_gpu() -> Machine:
     (``gpu_precision``)."""
     major, minor = torch.cuda.get_device_capability()
     name = torch.cuda.get_device_name()
-    half = gpu_precision().precision
-    return Machine(name, f"{name} compute {major}.{minor}", half,
-                   "bf16" if half == "bf16-mixed" else "fp16")
+    return Machine(name, f"{name} compute {major}.{minor}", gpu_precision().precision)
 
 
 def _cpuinfo() -> dict[str, str]:
